@@ -1,0 +1,172 @@
+"""Folders to archives and back: the source folder, the inputs, the outputs.
+
+Packing applies the ignore rules and the size caps before anything is written; unpacking refuses any
+entry that would land outside its folder, any link that points out of it, and any device or FIFO.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tarfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+import pathspec
+
+from .errors import ArchiveError, ArtifactTooLarge, InputNotFound, SourceError
+from .models import OutputSummary
+from .units import format_size
+
+#: Never shipped with a source folder, whatever .gitignore says.
+ALWAYS_SKIPPED = frozenset({".git", "__pycache__", ".venv"})
+# Fast rather than small: archives are made and unpacked on the critical path of a job's start.
+_GZIP_LEVEL = 1
+
+
+@dataclasses.dataclass
+class Manifest:
+    """Files chosen for an archive: arcname → path on disk, their total size, and what was left out."""
+
+    members: dict[str, Path] = dataclasses.field(default_factory=dict)
+    size: int = 0
+    #: Symbolic links that point outside their folder, which an archive cannot carry safely.
+    skipped_links: list[str] = dataclasses.field(default_factory=list)
+
+    def add(self, path: Path, arcname: str, root: Path) -> None:
+        if arcname in self.members:
+            return
+        if path.is_symlink():
+            if not _inside(path, root):
+                self.skipped_links.append(arcname)
+                return
+        elif not (path.is_file() or path.is_dir()):
+            return
+        self.members[arcname] = path
+        if path.is_file() and not path.is_symlink():
+            self.size += path.stat().st_size
+
+    def add_tree(self, path: Path, arcname: str, root: Path) -> None:
+        self.add(path, arcname, root)
+        if path.is_dir() and not path.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(path):
+                for name in sorted(dirnames) + sorted(filenames):
+                    child = Path(dirpath, name)
+                    self.add(child, f"{arcname}/{child.relative_to(path).as_posix()}", root)
+
+    def write(self, dest: IO[bytes]) -> None:
+        with tarfile.open(fileobj=dest, mode="w:gz", compresslevel=_GZIP_LEVEL) as tar:
+            for arcname, path in self.members.items():
+                tar.add(path, arcname=arcname, recursive=False)
+
+
+def _inside(link: Path, root: Path) -> bool:
+    return link.resolve().is_relative_to(root.resolve())
+
+
+def source_manifest(folder: Path, max_bytes: int) -> Manifest:
+    """The files of a source folder that ship: minus ``.git``, ``__pycache__``, ``.venv`` and what
+    ``.gitignore`` files ignore (a nested one applies to its own folder)."""
+    if not folder.is_dir():
+        raise SourceError(f"source folder not found: {folder}")
+    manifest = Manifest()
+    specs: dict[str, pathspec.GitIgnoreSpec] = {}
+    try:
+        for dirpath, dirnames, filenames in os.walk(folder):
+            rel_dir = Path(dirpath).relative_to(folder).as_posix()
+            if ".gitignore" in filenames:
+                lines = Path(dirpath, ".gitignore").read_text(errors="replace").splitlines()
+                specs[rel_dir] = pathspec.GitIgnoreSpec.from_lines(lines)
+            kept = []
+            for name in sorted(dirnames):
+                arcname = _join(rel_dir, name)
+                if name in ALWAYS_SKIPPED or _ignored(specs, arcname + "/"):
+                    continue
+                manifest.add(Path(dirpath, name), arcname, folder)
+                if not Path(dirpath, name).is_symlink():
+                    kept.append(name)
+            dirnames[:] = kept
+            for name in sorted(filenames):
+                arcname = _join(rel_dir, name)
+                if not _ignored(specs, arcname):
+                    manifest.add(Path(dirpath, name), arcname, folder)
+    except OSError as exc:
+        raise SourceError(f"cannot read source folder {folder}: {exc.strerror}: {exc.filename}") from None
+    if manifest.size > max_bytes:
+        raise SourceError(
+            f"source folder {folder} holds {format_size(manifest.size)} after the ignore rules, above the "
+            f"{format_size(max_bytes)} cap; ignore large files in .gitignore, ship them with --input, "
+            "or raise GPULAYER_MAX_SOURCE_BYTES"
+        )
+    return manifest
+
+
+def _join(rel_dir: str, name: str) -> str:
+    return name if rel_dir == "." else f"{rel_dir}/{name}"
+
+
+def _ignored(specs: dict[str, pathspec.GitIgnoreSpec], arcname: str) -> bool:
+    for spec_dir, spec in specs.items():
+        if spec_dir == ".":
+            if spec.match_file(arcname):
+                return True
+        elif arcname.startswith(spec_dir + "/") and spec.match_file(arcname[len(spec_dir) + 1 :]):
+            return True
+    return False
+
+
+def inputs_manifest(paths: Iterable[Path]) -> Manifest:
+    """Each input, a file or a folder, under its base name at the top of the job's folder."""
+    manifest = Manifest()
+    for path in paths:
+        if not path.exists():
+            raise InputNotFound(f"input not found: {path}")
+        name = Path(os.path.abspath(path)).name
+        if any(member == name or member.startswith(name + "/") for member in manifest.members):
+            raise InputNotFound(f"two inputs are named {name!r}; each input keeps its base name")
+        # An input named on the command line ships as what it points to; links inside it must stay inside.
+        real = path.resolve()
+        manifest.add_tree(real, name, real)
+    return manifest
+
+
+def outputs_manifest(workdir: Path, patterns: Iterable[str]) -> tuple[Manifest, list[str]]:
+    """What the job's declared outputs matched, and the patterns that matched nothing."""
+    manifest, missing = Manifest(), []
+    for pattern in patterns:
+        matches = sorted(workdir.glob(pattern))
+        if not matches:
+            missing.append(pattern)
+        for path in matches:
+            arcname = path.relative_to(workdir).as_posix()
+            manifest.add_tree(path, arcname, workdir)
+    return manifest, missing
+
+
+def pack_outputs(workdir: Path, patterns: Iterable[str], dest: IO[bytes], max_bytes: int) -> OutputSummary:
+    manifest, missing = outputs_manifest(workdir, patterns)
+    if manifest.size > max_bytes:
+        raise ArtifactTooLarge(
+            f"outputs hold {format_size(manifest.size)}, above the {format_size(max_bytes)} per-job cap "
+            "(GPULAYER_MAX_JOB_BYTES on the worker)"
+        )
+    manifest.write(dest)
+    files = sum(1 for path in manifest.members.values() if path.is_file())
+    return OutputSummary(files=files, bytes=manifest.size, missing=missing)
+
+
+def extract(archive: IO[bytes], dest: Path) -> list[Path]:
+    """Unpack into ``dest``; refuses absolute paths, ``..``, links out of ``dest``, devices and FIFOs."""
+    try:
+        with tarfile.open(fileobj=archive, mode="r:*") as tar:
+            members = tar.getmembers()
+            for member in members:
+                if not (member.isfile() or member.isdir() or member.issym()):
+                    raise ArchiveError(f"archive entry {member.name!r} is not a file, folder or link")
+            tar.extractall(dest, members=members, filter="data")
+            return [dest / member.name for member in members if member.isfile()]
+    except tarfile.FilterError as exc:
+        raise ArchiveError(f"unsafe archive entry: {exc}") from None
+    except tarfile.TarError as exc:
+        raise ArchiveError(f"not a valid archive: {exc}") from None

@@ -1,0 +1,85 @@
+"""The ``gpulayer`` command group, and what its commands share: the Redis URL option, the client,
+and turning errors into one line and an exit code."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import redis.exceptions
+
+from .. import __version__
+from ..client import Client
+from ..errors import GpulayerError
+from ..home import resolve_redis_url
+from ..models import JobRecord, JobState
+from ..settings import Settings
+from ..store.connection import redact
+
+F = TypeVar("F", bound=Callable[..., Any])
+_URL_KEY = "gpulayer.redis_url"
+
+#: How a job's end becomes the exit status of `submit --wait` and `wait`.
+EXIT_TIMED_OUT = 124
+EXIT_CANCELLED = 130
+
+
+class CommandError(click.ClickException):
+    """A one-line error with its own exit status."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click reads it per instance
+
+
+class Group(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except GpulayerError as exc:
+            raise CommandError(str(exc), exc.exit_code) from None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            url = ctx.meta.get(_URL_KEY, "the configured URL")
+            raise CommandError(f"cannot reach Redis at {url}: {exc}", 1) from None
+        except redis.exceptions.RedisError as exc:
+            raise CommandError(f"Redis refused the request: {exc}", 1) from None
+
+
+def redis_url_option(command: F) -> F:
+    return click.option(
+        "--redis-url",
+        envvar="GPULAYER_REDIS_URL",
+        metavar="URL",
+        help="Redis of the installation (default: GPULAYER_REDIS_URL, else the one `gpulayer up` runs here).",
+    )(command)
+
+
+def resolve(redis_url: str | None) -> tuple[Settings, str]:
+    """Settings from the environment, and the Redis URL to use (remembered for error messages)."""
+    settings = Settings.from_env(redis_url=redis_url)
+    url = resolve_redis_url(settings.redis_url, settings.home)
+    click.get_current_context().meta[_URL_KEY] = redact(url)
+    return settings, url
+
+
+def open_client(redis_url: str | None) -> Client:
+    settings, url = resolve(redis_url)
+    return Client(url, settings=settings)
+
+
+def job_exit_code(record: JobRecord) -> int:
+    """0 for success; the job's own exit code if it failed with one; 124 timed out; 130 cancelled; else 1."""
+    if record.state is JobState.SUCCEEDED:
+        return 0
+    if record.state is JobState.TIMED_OUT:
+        return EXIT_TIMED_OUT
+    if record.state is JobState.CANCELLED:
+        return EXIT_CANCELLED
+    return record.exit_code or 1
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpulayer")
+def main() -> None:
+    """Run commands on whichever machine has the GPU or CPU they need, through one Redis."""

@@ -1,0 +1,263 @@
+"""Commands about jobs: submit, list, inspect, follow, wait for, cancel, download."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from ..client import Job
+from ..errors import WaitTimeout
+from ..models import JobRecord, JobState, LogLine
+from ..units import parse_duration
+from .app import job_exit_code, open_client, redis_url_option
+
+#: How long `cancel` waits to report that a running job has stopped.
+_CANCEL_WAIT = 10.0
+
+
+def _env_pair(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for value in values:
+        name, sep, setting = value.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{value!r} is not NAME=VALUE", ctx, param)
+        env[name] = setting
+    return env
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    try:
+        return parse_duration(value) if value is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.option("--source", type=click.Path(path_type=Path), help="Folder shipped as the job's working folder.")
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="File or folder placed in the working folder under its base name (repeatable).",
+)
+@click.option(
+    "--output",
+    "outputs",
+    multiple=True,
+    metavar="PATH_OR_GLOB",
+    help="Path or glob in the working folder, uploaded when the job ends (repeatable).",
+)
+@click.option(
+    "--env",
+    "env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    callback=_env_pair,
+    help="Environment variable for the job (repeatable).",
+)
+@click.option(
+    "--timeout",
+    callback=_duration,
+    metavar="DURATION",
+    help="Stop the job after this long (90, 90s, 15m, 2h). Default: no limit.",
+)
+@click.option("--name", help="A name to recognise the job by.")
+@click.option("--wait", is_flag=True, help="Stream the job's logs and exit with its exit code.")
+@redis_url_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def submit(
+    source: Path | None,
+    inputs: tuple[Path, ...],
+    outputs: tuple[str, ...],
+    env: dict[str, str],
+    timeout: float | None,
+    name: str | None,
+    wait: bool,
+    redis_url: str | None,
+    command: tuple[str, ...],
+) -> None:
+    """Queue CMD to run on a worker; prints the job id. Put the command after `--`:
+
+    gpulayer submit --source . --output 'results/*.csv' -- python train.py --epochs 3
+    """
+    client = open_client(redis_url)
+    job = client.submit(
+        list(command), source=source, inputs=inputs, outputs=outputs, env=env, timeout=timeout, name=name
+    )
+    if not wait:
+        click.echo(job.id)
+        return
+    click.echo(f"job {job.id} queued", err=True)
+    _print_lines(job, follow=True)
+    record = job.wait()
+    _report_end(record)
+    sys.exit(job_exit_code(record))
+
+
+@click.command(name="jobs")
+@click.option(
+    "--state", type=click.Choice([state.value for state in JobState]), help="Only jobs in this state."
+)
+@click.option("--limit", type=click.IntRange(1, 100_000), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON array of job records.")
+@redis_url_option
+def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | None) -> None:
+    """The newest jobs first."""
+    records = open_client(redis_url).jobs(state, limit=limit)
+    if as_json:
+        click.echo(json.dumps([_json(record) for record in records], indent=2))
+        return
+    rows = [("ID", "NAME", "STATE", "EXIT", "WORKER", "CREATED", "TIME", "COMMAND")]
+    for record in records:
+        rows.append(
+            (
+                record.id,
+                record.name or "-",
+                record.state.value,
+                "-" if record.exit_code is None else str(record.exit_code),
+                record.worker or "-",
+                record.created_at.astimezone().strftime("%m-%d %H:%M:%S"),
+                _elapsed(record),
+                " ".join(record.command)[:60],
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        cells = (cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True))
+        click.echo("  ".join(cells) + "  " + row[-1])
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@redis_url_option
+def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
+    """Where a job stands and how it ended."""
+    record = open_client(redis_url).get(job_id).status()
+    if as_json:
+        click.echo(json.dumps(_json(record), indent=2))
+        return
+    fields = [
+        ("id", record.id),
+        ("name", record.name),
+        ("command", " ".join(record.command)),
+        ("state", record.state.value),
+        ("exit code", record.exit_code),
+        ("reason", record.reason),
+        ("worker", record.worker),
+        ("attempt", record.attempt),
+        ("queue", record.queue),
+        ("created", record.created_at),
+        ("scheduled", record.scheduled_at),
+        ("started", record.started_at),
+        ("ended", record.ended_at),
+        ("duration", _elapsed(record)),
+        ("outputs", _outputs_text(record)),
+    ]
+    for label, value in fields:
+        if value is not None and value != "":
+            text = (
+                value.astimezone().isoformat(sep=" ", timespec="milliseconds")
+                if isinstance(value, datetime)
+                else value
+            )
+            click.echo(f"{label + ':':<11} {text}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
+@redis_url_option
+def logs(job_id: str, follow: bool, redis_url: str | None) -> None:
+    """A job's output: stdout lines to stdout, stderr and GPUlayer's own lines to stderr."""
+    _print_lines(open_client(redis_url).get(job_id), follow=follow)
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--timeout", callback=_duration, metavar="DURATION", help="Give up after this long (exit 75).")
+@redis_url_option
+def wait(job_id: str, timeout: float | None, redis_url: str | None) -> None:
+    """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled)."""
+    record = open_client(redis_url).get(job_id).wait(timeout)
+    _report_end(record)
+    sys.exit(job_exit_code(record))
+
+
+@click.command()
+@click.argument("job_id")
+@redis_url_option
+def cancel(job_id: str, redis_url: str | None) -> None:
+    """Cancel a job: a queued one at once, a running one by stopping its processes."""
+    job = open_client(redis_url).get(job_id)
+    if not job.cancel():
+        record = job.status()
+        click.echo(f"job {job_id} had already ended ({record.state.value}); nothing to cancel")
+        return
+    try:
+        record = job.wait(_CANCEL_WAIT)
+    except WaitTimeout:
+        click.echo(f"cancel requested; job {job_id} is still stopping on {job.status().worker}")
+        return
+    click.echo(f"job {job_id} {record.state.value}")
+
+
+@click.command()
+@click.argument("job_id")
+@click.option(
+    "--dest",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to unpack the outputs into (created if needed).",
+)
+@redis_url_option
+def outputs(job_id: str, dest: Path, redis_url: str | None) -> None:
+    """Download what a job declared as outputs."""
+    for path in open_client(redis_url).get(job_id).download_outputs(dest):
+        click.echo(path)
+
+
+def _print_lines(job: Job, *, follow: bool) -> None:
+    for line in job.logs(follow=follow):
+        _echo_line(line)
+
+
+def _echo_line(line: LogLine) -> None:
+    if line.stream == "stdout":
+        click.echo(line.text)
+    elif line.stream == "stderr":
+        click.echo(line.text, err=True)
+    else:
+        click.echo(f"gpulayer: {line.text}", err=True)
+
+
+def _report_end(record: JobRecord) -> None:
+    detail = f": {record.reason}" if record.reason else ""
+    click.echo(f"job {record.id} {record.state.value}{detail}", err=True)
+
+
+def _json(record: JobRecord) -> dict[str, object]:
+    data = record.model_dump(mode="json", exclude={"spec"})
+    data["spec"] = record.spec.model_dump(mode="json", exclude_defaults=True)
+    return data
+
+
+def _elapsed(record: JobRecord) -> str:
+    if record.started_at is None:
+        return "-"
+    end = record.ended_at or datetime.now(record.started_at.tzinfo)
+    return f"{(end - record.started_at).total_seconds():.1f}s"
+
+
+def _outputs_text(record: JobRecord) -> str | None:
+    if record.outputs is None:
+        return None
+    text = f"{record.outputs.files} file(s), {record.outputs.bytes} bytes"
+    if record.outputs.missing:
+        text += "; not produced: " + ", ".join(record.outputs.missing)
+    return text

@@ -1,0 +1,203 @@
+"""`gpulayer up` and `gpulayer down`: the embedded Redis and a local worker, started and stopped."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+import psutil
+
+from .. import home as local
+from ..client import Client
+from ..errors import ServerError
+from ..server import free_port, shutdown_redis, start_redis, wait_ready
+from ..settings import Settings
+from ..store.connection import redact
+from .app import redis_url_option
+
+#: How long `up` waits for its worker to register.
+_WORKER_START = 20.0
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@click.command()
+@redis_url_option
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    help="Port of the embedded Redis (default: the last one used here, else a free one).",
+)
+@click.option(
+    "--bind",
+    help="Address the embedded Redis listens on (default 127.0.0.1; 0.0.0.0 lets other "
+    "machines join; it always has a password).",
+)
+@click.option("--name", help="Name of the local worker (default: this host's name).")
+@click.option(
+    "--slots", type=click.IntRange(min=1), help="Jobs the local worker runs at once (default: CPU cores)."
+)
+def up(
+    redis_url: str | None, port: int | None, bind: str | None, name: str | None, slots: int | None
+) -> None:
+    """Start GPUlayer here: an embedded Redis (unless --redis-url is given) and a local worker, both in the
+    background. Prints the `gpulayer join` line that adds another machine."""
+    settings = Settings.from_env(redis_url=redis_url)
+    state = local.load(settings.home)
+    if state and local.alive(state.worker_pid) and (not state.embedded or local.alive(state.redis_pid)):
+        click.echo("GPUlayer is already up here.")
+        _summary(state, settings.home)
+        return
+    if settings.redis_url:
+        state = local.LocalState(redis_url=settings.redis_url, embedded=False)
+    else:
+        state = _start_embedded(settings.home, state, port, bind)
+    local.save(settings.home, state)
+    state.worker_name = name or socket.gethostname()
+    state.worker_pid = _start_worker(settings.home, state.redis_url, state.worker_name, slots)
+    local.save(settings.home, state)
+    click.echo("GPUlayer is up.")
+    _summary(state, settings.home)
+
+
+@click.command()
+@click.option(
+    "--timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds running jobs get to finish before they are stopped and put back in their queues.",
+)
+def down(timeout: float) -> None:
+    """Stop what `gpulayer up` started here: the local worker (letting running jobs finish), then the
+    embedded Redis (its data stays for the next `up`)."""
+    settings = Settings.from_env()
+    state = local.load(settings.home)
+    if state is None or not (local.alive(state.worker_pid) or local.alive(state.redis_pid)):
+        click.echo("GPUlayer is not running here.")
+        return
+    if state.worker_pid and local.alive(state.worker_pid):
+        _stop_worker(state.worker_pid, timeout)
+        click.echo(f"worker {state.worker_name} stopped")
+    if state.embedded and state.redis_pid and local.alive(state.redis_pid):
+        shutdown_redis(state.redis_url)
+        if not _wait_gone(state.redis_pid, 10.0):
+            _kill(state.redis_pid)
+        click.echo("embedded Redis stopped (data kept)")
+    state.worker_pid = state.redis_pid = None
+    local.save(settings.home, state)
+
+
+def _start_embedded(
+    home: Path, previous: local.LocalState | None, port: int | None, bind: str | None
+) -> local.LocalState:
+    """Start the embedded Redis, or keep the one still running; the password and port persist across `up`s."""
+    reuse = previous if previous and previous.embedded else None
+    if reuse and local.alive(reuse.redis_pid) and port in (None, reuse.port) and bind in (None, reuse.bind):
+        return reuse
+    password = (_password(reuse.redis_url) if reuse else None) or secrets.token_urlsafe(24)
+    port = port or (reuse.port if reuse else None) or free_port()
+    bind = bind or (reuse.bind if reuse else "127.0.0.1")
+    host = "127.0.0.1" if bind in ("0.0.0.0", "::", *_LOOPBACK) else bind
+    url = f"redis://:{password}@{host}:{port}/0"
+    process = start_redis(home / "redis", port, bind=bind, password=password, durable=True, detach=True)
+    wait_ready(url, process)
+    return local.LocalState(redis_url=url, embedded=True, port=port, bind=bind, redis_pid=process.pid)
+
+
+def _password(url: str) -> str | None:
+    return urlsplit(url).password
+
+
+def _start_worker(home: Path, url: str, name: str, slots: int | None) -> int:
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "gpulayer", "worker", "start", "--name", name]
+    if slots:
+        command += ["--slots", str(slots)]
+    with open(logs / "worker.log", "ab") as log_file:
+        # The URL travels in the environment, not the command line, where `ps` would show its password.
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, "GPULAYER_REDIS_URL": url},
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    client = Client(url)
+    deadline = time.monotonic() + _WORKER_START
+    while not any(worker.name == name and worker.pid == process.pid for worker in client.workers()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            _kill(process.pid)
+            raise ServerError(f"the local worker did not start; see {logs / 'worker.log'}")
+        time.sleep(0.05)
+    client.close()
+    return process.pid
+
+
+def _stop_worker(pid: int, timeout: float) -> None:
+    os.kill(pid, signal.SIGTERM)
+    if _wait_gone(pid, timeout):
+        return
+    click.echo(f"jobs still running after {timeout:g} s: stopping them and putting them back in their queues")
+    os.kill(pid, signal.SIGTERM)
+    if not _wait_gone(pid, 15.0):
+        _kill(pid)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    try:
+        psutil.Process(pid).wait(timeout)
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _summary(state: local.LocalState, home: Path) -> None:
+    if state.embedded:
+        click.echo(
+            f"  Redis:   {redact(state.redis_url)}  (embedded; data in {home / 'redis'}, "
+            "append-only file synced every second)"
+        )
+    else:
+        click.echo(f"  Redis:   {redact(state.redis_url)}")
+    click.echo(f"  Worker:  {state.worker_name} (pid {state.worker_pid}; log {home / 'logs' / 'worker.log'})")
+    click.echo("")
+    join_url = state.redis_url
+    if state.embedded and state.bind in ("0.0.0.0", "::"):
+        join_url = join_url.replace("@127.0.0.1:", f"@{_reachable_address()}:", 1)
+    click.echo("To add another machine, run there:")
+    click.echo(f"  gpulayer join {join_url}")
+    if state.embedded and state.bind in _LOOPBACK:
+        click.echo(
+            "  (this Redis listens on 127.0.0.1 only; run `gpulayer down && gpulayer up --bind 0.0.0.0` "
+            "to accept other machines)"
+        )
+    click.echo("")
+    click.echo("Try:  gpulayer submit --wait -- echo hello")
+
+
+def _reachable_address() -> str:
+    """This machine's address on its default route (a UDP connect sends nothing; it picks the interface)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            sock.connect(("10.255.255.255", 1))
+            return str(sock.getsockname()[0])
+        except OSError:
+            return socket.gethostname()

@@ -1,0 +1,197 @@
+"""The one way in: the CLI, the SDK and the web API all go through :class:`Client`."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+from . import archive
+from .errors import ArtifactTooLarge, JobNotFinished, JobNotFound, OutputNotProduced, WaitTimeout
+from .home import resolve_redis_url
+from .models import JobRecord, JobState, LogLine, WorkerInfo, build_spec
+from .settings import Settings
+from .store.artifacts import (
+    INPUTS_ARCHIVE,
+    OUTPUTS_ARCHIVE,
+    SOURCE_ARCHIVE,
+    MissingArtifact,
+    RedisArtifactStore,
+)
+from .store.connection import connect, redact
+from .store.jobs import JobStore
+from .store.keys import Keys
+from .store.logs import LogStore
+from .store.scripts import Scripts
+from .store.workers import WorkerStore
+from .units import format_size
+
+PathLike = str | os.PathLike[str]
+_SPOOL = 16 * 1024 * 1024
+
+
+class Client:
+    """A connection to one GPUlayer installation.
+
+    ``redis_url`` defaults to ``GPULAYER_REDIS_URL``, then to the Redis that `gpulayer up` runs on
+    this machine. Nothing is sent to Redis until the first call.
+    """
+
+    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings.from_env()
+        self.redis_url = resolve_redis_url(redis_url or self.settings.redis_url, self.settings.home)
+        self.redis = connect(self.redis_url)
+        self.keys = Keys(self.settings.prefix)
+        scripts = Scripts(self.redis, self.keys, self.settings)
+        self._jobs = JobStore(self.redis, self.keys, scripts, self.settings)
+        self._logs = LogStore(self.redis, self.keys)
+        self._artifacts = RedisArtifactStore(self.redis, self.keys)
+        self._workers = WorkerStore(self.redis, self.keys)
+
+    def __repr__(self) -> str:
+        return f"Client({redact(self.redis_url)!r})"
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def submit(
+        self,
+        command: str | Sequence[str],
+        *,
+        source: PathLike | None = None,
+        inputs: Iterable[PathLike] = (),
+        outputs: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        name: str | None = None,
+    ) -> Job:
+        """Queue ``command`` (a list of arguments, or a string split like a shell would; it runs without
+        a shell). ``source`` is a folder shipped and unpacked as the job's working folder; each input
+        lands there under its base name; ``outputs`` are paths or globs uploaded when the job ends.
+
+        Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
+        """
+        argv = shlex.split(command) if isinstance(command, str) else list(command)
+        source_files = (
+            archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
+        )
+        input_files = archive.inputs_manifest(Path(path) for path in inputs)
+        spec = build_spec(
+            command=argv,
+            env=dict(env or {}),
+            timeout=timeout,
+            name=name,
+            outputs=list(outputs),
+            source=source_files is not None,
+            inputs=[arcname for arcname in input_files.members if "/" not in arcname],
+        )
+        total = input_files.size + (source_files.size if source_files else 0)
+        if total > self.settings.max_job_bytes:
+            raise ArtifactTooLarge(
+                f"the job's source and inputs hold {format_size(total)}, above the "
+                f"{format_size(self.settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
+            )
+        uploads = [(SOURCE_ARCHIVE, source_files), (INPUTS_ARCHIVE, input_files if spec.inputs else None)]
+        queue = self.keys.queue_name()
+        while True:
+            job_id = secrets.token_hex(6)
+            try:
+                for archive_name, manifest in uploads:
+                    if manifest is not None:
+                        self._upload(job_id, archive_name, manifest)
+                created = self._jobs.submit(job_id, spec, queue)
+            except BaseException:
+                if not self.redis.exists(self.keys.job(job_id)):
+                    self._artifacts.discard_inputs(job_id)
+                raise
+            if created:
+                return Job(self, job_id)
+            # The id was taken: try another; what was uploaded under this one goes.
+            self._artifacts.discard_inputs(job_id)
+
+    def _upload(self, job_id: str, name: str, manifest: archive.Manifest) -> None:
+        with tempfile.SpooledTemporaryFile(_SPOOL) as file:
+            manifest.write(file)
+            file.seek(0)
+            self._artifacts.put_inputs(job_id, name, file)
+
+    def get(self, job_id: str) -> Job:
+        """The job with this id; :class:`JobNotFound` if there is none."""
+        job = Job(self, job_id)
+        job.status()
+        return job
+
+    def jobs(self, state: JobState | str | None = None, limit: int = 100) -> list[JobRecord]:
+        """The newest jobs first, all or in one state."""
+        return self._jobs.list(JobState(state) if state else None, limit)
+
+    def workers(self) -> list[WorkerInfo]:
+        """The workers connected now, by name."""
+        return self._workers.list()
+
+
+class Job:
+    """A handle on one job. Cheap to make; every method asks Redis afresh."""
+
+    def __init__(self, client: Client, job_id: str) -> None:
+        self.client = client
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r})"
+
+    def status(self) -> JobRecord:
+        record = self.client._jobs.get(self.id)
+        if record is None:
+            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
+        return record
+
+    def wait(self, timeout: float | None = None) -> JobRecord:
+        """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
+        self.status()
+        if not self.client._jobs.wait_done(self.id, timeout):
+            state = self.status().state.value
+            raise WaitTimeout(f"job {self.id} is still {state} after {timeout:g} s")
+        return self.status()
+
+    def logs(self, follow: bool = False) -> Iterator[LogLine]:
+        """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends."""
+        self.status()
+        return self.client._logs.lines(self.id, follow=follow)
+
+    def cancel(self) -> bool:
+        """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about
+        a second. Returns False, changing nothing, if the job had already ended."""
+        outcome = self.client._jobs.cancel(self.id)
+        if outcome == "missing":
+            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
+        return outcome in ("cancelled", "requested")
+
+    def download_outputs(self, dest: PathLike) -> list[Path]:
+        """Unpack the job's outputs into ``dest``; returns the files written. Raises
+        :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced."""
+        record = self.status()
+        if not record.state.is_terminal:
+            raise JobNotFinished(f"job {self.id} is {record.state.value}; outputs are uploaded when it ends")
+        if not record.spec.outputs:
+            return []
+        if record.outputs is None:
+            reason = f": {record.reason}" if record.reason else ""
+            raise OutputNotProduced(
+                f"job {self.id} stored no outputs (it ended {record.state.value}{reason})"
+            )
+        folder = Path(dest)
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.SpooledTemporaryFile(_SPOOL) as file:
+            try:
+                self.client._artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
+            except MissingArtifact:
+                raise OutputNotProduced(f"the outputs of job {self.id} have expired") from None
+            file.seek(0)
+            written = archive.extract(file, folder)
+        if record.outputs.missing:
+            raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
+        return written

@@ -1,0 +1,81 @@
+"""Every error GPUlayer raises on purpose derives from :class:`GpulayerError`.
+
+The tree::
+
+    GpulayerError
+    ├── ConfigError            no Redis URL known, a bad setting
+    ├── RedisUnavailable       the Redis server cannot be reached
+    ├── ServerError            the embedded Redis or a local worker failed to start or stop
+    ├── InvalidJobSpec         a job description that fails validation
+    ├── SourceError            the source folder is missing, unreadable or over the cap
+    ├── InputNotFound          an input path does not exist
+    ├── ArtifactTooLarge       a job's files are over the per-job cap
+    ├── ArchiveError           an archive holds an unsafe entry (absolute path, "..", device)
+    ├── JobNotFound            no job with that id (never existed, or past its retention)
+    ├── JobNotFinished         the job has not ended yet, so it has no outputs
+    ├── OutputNotProduced      a declared output was not produced by the job
+    └── WaitTimeout            a wait ended before the job did
+
+Each carries ``exit_code``, the status the CLI exits with.
+"""
+
+from __future__ import annotations
+
+
+class GpulayerError(Exception):
+    """Base of every error GPUlayer raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(GpulayerError):
+    """A setting is missing or invalid."""
+
+
+class RedisUnavailable(GpulayerError):
+    """The Redis server cannot be reached."""
+
+
+class ServerError(GpulayerError):
+    """The embedded Redis server or a local worker failed to start or stop."""
+
+
+class InvalidJobSpec(GpulayerError):
+    """A job description failed validation."""
+
+    exit_code = 2
+
+
+class SourceError(GpulayerError):
+    """The source folder is missing, unreadable, or larger than the cap."""
+
+
+class InputNotFound(GpulayerError):
+    """An input path does not exist."""
+
+
+class ArtifactTooLarge(GpulayerError):
+    """A job's files are larger than the per-job cap."""
+
+
+class ArchiveError(GpulayerError):
+    """An archive holds an entry that would land outside its folder, or is not a regular file or folder."""
+
+
+class JobNotFound(GpulayerError):
+    """No job has that id, or it is past its retention."""
+
+
+class JobNotFinished(GpulayerError):
+    """The job has not ended, so there is nothing to download yet."""
+
+
+class OutputNotProduced(GpulayerError):
+    """A declared output was not produced by the job."""
+
+
+class WaitTimeout(GpulayerError):
+    """A wait ended before the job did."""
+
+    # EX_TEMPFAIL from sysexits.h: try again later; distinct from the job's own exit codes.
+    exit_code = 75

@@ -1,0 +1,189 @@
+"""The domain as pydantic models: what a job asks for, where it stands, what it printed.
+
+No Redis, no CLI here; the CLI and the client validate with these same classes.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from datetime import datetime
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidJobSpec
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: Set by the worker for every job; a job cannot set them itself.
+RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT"})
+
+
+class JobState(str, enum.Enum):
+    """Where a job stands. ``queued → scheduled → running →`` one of the four ends."""
+
+    QUEUED = "queued"
+    #: A worker took it and is fetching its files; its process has not started.
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def rq_status(self) -> str:
+        """The status RQ's own tools show for a job in this state."""
+        return _RQ_STATUS[self]
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT})
+_RQ_STATUS = {
+    JobState.QUEUED: "queued",
+    JobState.SCHEDULED: "started",
+    JobState.RUNNING: "started",
+    JobState.SUCCEEDED: "finished",
+    JobState.FAILED: "failed",
+    JobState.TIMED_OUT: "failed",
+    JobState.CANCELLED: "canceled",
+}
+
+
+def _relative_pattern(pattern: str) -> str:
+    path = PurePosixPath(pattern)
+    if not pattern or "\0" in pattern:
+        raise ValueError(f"output pattern {pattern!r} is empty or holds a NUL byte")
+    if path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"output {pattern!r} must be a path inside the job's folder (relative, no '..')")
+    return pattern
+
+
+OutputPattern = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class JobSpec(BaseModel):
+    """What a command job asks for. Stored with the job; the worker runs exactly this."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    command: list[Annotated[str, Field(max_length=65536)]] = Field(max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = Field(default=None, gt=0)
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    #: Paths or globs, relative to the job's folder, uploaded when the job ends.
+    outputs: list[OutputPattern] = Field(default_factory=list, max_length=256)
+    #: Whether a source folder was shipped; it is unpacked at the root of the job's folder.
+    source: bool = False
+    #: Names the inputs take in the job's folder (each input keeps its base name).
+    inputs: list[str] = Field(default_factory=list, max_length=4096)
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, command: list[str]) -> list[str]:
+        if not command or not command[0].strip():
+            raise ValueError("the command is empty")
+        if any("\0" in arg for arg in command):
+            raise ValueError("the command holds a NUL byte")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            if not _ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key in RESERVED_ENV:
+                raise ValueError(f"{key} is set by GPUlayer itself")
+            if "\0" in value:
+                raise ValueError(f"the value of {key} holds a NUL byte")
+        return env
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs_relative(cls, outputs: list[str]) -> list[str]:
+        return [_relative_pattern(pattern) for pattern in outputs]
+
+    @field_validator("name")
+    @classmethod
+    def _name_one_line(cls, name: str | None) -> str | None:
+        if name is not None and ("\n" in name or "\r" in name):
+            raise ValueError("the name must be one line")
+        return name
+
+
+def validation_message(error: ValidationError) -> str:
+    """One line from pydantic's report: the first problem, with where it is."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def build_spec(**fields: object) -> JobSpec:
+    """A :class:`JobSpec`, or :class:`InvalidJobSpec` with a one-line reason."""
+    try:
+        return JobSpec.model_validate(fields)
+    except ValidationError as exc:
+        raise InvalidJobSpec(f"invalid job: {validation_message(exc)}") from None
+
+
+class OutputSummary(BaseModel):
+    """What a job's outputs came to when it ended."""
+
+    files: int = 0
+    bytes: int = 0
+    #: Declared patterns that matched nothing.
+    missing: list[str] = Field(default_factory=list)
+
+
+class JobRecord(BaseModel):
+    """A job as stored: its spec, its state with timestamps, and how it ended."""
+
+    id: str
+    name: str | None
+    command: list[str]
+    state: JobState
+    attempt: int
+    worker: str | None
+    exit_code: int | None
+    reason: str | None
+    queue: str
+    created_at: datetime
+    queued_at: datetime | None
+    scheduled_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    outputs: OutputSummary | None
+    spec: JobSpec
+
+
+class LogLine(BaseModel):
+    """One line a job printed, or a line GPUlayer added (``system``), with the attempt it came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stream: Literal["stdout", "stderr", "system"]
+    text: str
+    attempt: int
+    #: When Redis received it.
+    time: datetime
+
+
+class WorkerInfo(BaseModel):
+    """A live worker, as it registered itself."""
+
+    name: str
+    host: str
+    pid: int
+    #: RQ's worker state: ``idle``, ``busy``, ``suspended``, ...
+    state: str
+    slots: int
+    #: Jobs it has taken and not yet ended.
+    running: int
+    birth: datetime | None
+    last_heartbeat: datetime | None

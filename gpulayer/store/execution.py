@@ -1,0 +1,103 @@
+"""A worker's side of a job: claim, start, log, finish, heartbeat, give back.
+
+Every write a worker makes about a job names its attempt; the scripts apply it only while that
+attempt still owns the job, so a worker that lost a job cannot overwrite what happened after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+from redis import Redis
+
+from ..models import JobState, OutputSummary
+from .keys import Keys
+from .rq_jobs import timestamp
+from .scripts import Scripts
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A job this worker took: which attempt it is, and the spec as stored."""
+
+    job_id: str
+    attempt: int
+    spec_json: bytes
+    queue: str
+
+
+class ExecutionStore:
+    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker: str) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._scripts = scripts
+        self.worker = worker
+        self.rq_name = keys.rq_worker_name(worker)
+        self._jobs_key = keys.worker_jobs(worker)
+        self._worker_key = keys.rq_worker(worker)
+
+    def claim(self, queue_names: Sequence[str], limit: int) -> list[Claim]:
+        """Take up to ``limit`` queued jobs, serving the queues in the order given."""
+        keys = [self._keys.rq_suspended, self._jobs_key, *(self._keys.queue(q) for q in queue_names)]
+        flat = self._scripts.run("claim", keys, [limit, self.rq_name, timestamp()])
+        return [
+            Claim(flat[i].decode(), int(flat[i + 1]), flat[i + 2], flat[i + 3].decode())
+            for i in range(0, len(flat), 4)
+        ]
+
+    def start(self, claim: Claim) -> str:
+        """'ok': the job is now running; 'cancel': it was cancelled meanwhile; 'stale': it is not ours."""
+        args = [claim.job_id, self.rq_name, claim.attempt, timestamp()]
+        return str(self._scripts.run("start", [self._keys.job(claim.job_id)], args).decode())
+
+    def append_logs(self, claim: Claim, lines: Iterable[tuple[str, str]]) -> bool:
+        """Store ``(stream, text)`` lines; False, storing nothing, if the job is no longer this attempt's."""
+        args: list[object] = [claim.job_id, self.rq_name, claim.attempt]
+        for stream, text in lines:
+            args.extend((stream, text))
+        return bool(self._scripts.run("append_logs", [self._keys.job(claim.job_id)], args))
+
+    def finish(
+        self,
+        claim: Claim,
+        state: JobState,
+        *,
+        exit_code: int | None,
+        reason: str | None,
+        outputs: OutputSummary | None,
+        seconds: float,
+    ) -> bool:
+        """End the job; False (and nothing written) if it is no longer this attempt's."""
+        keys = [
+            self._keys.job(claim.job_id),
+            self._jobs_key,
+            self._worker_key,
+            self._keys.staged_outputs(claim.job_id, claim.attempt),
+            self._keys.outputs(claim.job_id),
+        ]
+        args = [
+            claim.job_id,
+            self.rq_name,
+            claim.attempt,
+            state.value,
+            "" if exit_code is None else exit_code,
+            reason or "",
+            timestamp(),
+            outputs.model_dump_json() if outputs else "",
+            f"{seconds:.6f}",
+        ]
+        return bool(self._scripts.run("finish", keys, args))
+
+    def heartbeat(self, incarnation: str, ttl: int) -> tuple[bool, list[str]]:
+        """Keep this worker's registration alive. Returns whether this process still holds the name,
+        and the ids of its jobs whose cancel was requested."""
+        alive, cancelled = self._scripts.run(
+            "heartbeat", [self._worker_key, self._jobs_key], [incarnation, ttl, timestamp()]
+        )
+        return bool(alive), [job_id.decode() for job_id in cancelled]
+
+    def requeue(self, message: str, job_ids: Sequence[str] = ()) -> int:
+        """Give jobs back to the front of their queues (all this worker holds when none are named)."""
+        args = [self.rq_name, message, timestamp(), *job_ids]
+        return int(self._scripts.run("requeue", [self._jobs_key], args))

@@ -1,0 +1,106 @@
+"""Job records as the client sees them: create, read, list, cancel, and wait for the end."""
+
+from __future__ import annotations
+
+import time
+from typing import cast
+
+from redis import Redis
+from rq.utils import now
+
+from ..models import JobRecord, JobSpec, JobState, OutputSummary
+from ..settings import Settings
+from .connection import BLOCK_MS
+from .keys import Keys
+from .rq_jobs import parse_timestamp, rq_fields, timestamp
+from .scripts import Scripts
+
+
+class JobStore:
+    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, settings: Settings) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._scripts = scripts
+        self._retention = settings.retention_seconds
+
+    def submit(self, job_id: str, spec: JobSpec, queue_name: str) -> bool:
+        """Create the job and queue it, with its uploaded files kept from now on; False if the id is taken."""
+        created = now()
+        fields = rq_fields(
+            self._redis, job_id, queue_name, spec.command, spec.timeout, self._retention, created
+        )
+        fields["gl_spec"] = spec.model_dump_json(exclude_defaults=True)
+        fields["gl_attempt"] = 0
+        args: list[object] = [job_id, int(created.timestamp() * 1000), queue_name]
+        for pair in fields.items():
+            args.extend(pair)
+        keys = [self._keys.job(job_id), self._keys.queue(queue_name), self._keys.inputs(job_id)]
+        return bool(self._scripts.run("submit", keys, args))
+
+    def get(self, job_id: str) -> JobRecord | None:
+        raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id)))
+        return self._record(job_id, raw) if raw else None
+
+    def list(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
+        """The newest ``limit`` jobs, in one state or all. Ids of expired jobs are dropped from the index."""
+        index = self._keys.jobs_in(state.value) if state else self._keys.jobs
+        ids = [raw.decode() for raw in cast(list[bytes], self._redis.zrevrange(index, 0, limit - 1))]
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self._keys.job(job_id))
+        records, expired = [], []
+        for job_id, raw in zip(ids, pipe.execute(), strict=True):
+            if raw and b"gl_state" in raw:
+                records.append(self._record(job_id, raw))
+            else:
+                expired.append(job_id)
+        if expired:
+            self._redis.zrem(index, *expired)
+        return records
+
+    def cancel(self, job_id: str) -> str:
+        """'cancelled', 'requested' (its worker will stop it), 'ended' (nothing to do), or 'missing'."""
+        result = self._scripts.run("cancel", [self._keys.job(job_id)], [job_id, timestamp()])
+        return str(result.decode())
+
+    def wait_done(self, job_id: str, timeout: float | None) -> bool:
+        """Block until the job has ended (True) or ``timeout`` seconds pass (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        key = self._keys.done(job_id)
+        while True:
+            block = BLOCK_MS
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                block = max(1, min(block, int(left * 1000)))
+            if self._redis.xread({key: "0-0"}, count=1, block=block):
+                return True
+
+    def _record(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
+        def text(field: str) -> str | None:
+            value = raw.get(field.encode())
+            return value.decode() if value else None
+
+        spec = JobSpec.model_validate_json(raw[b"gl_spec"])
+        worker, exit_code, outputs = text("worker_name"), text("gl_exit_code"), text("gl_outputs")
+        created = parse_timestamp(raw.get(b"created_at"))
+        assert created is not None, "every job has created_at"
+        return JobRecord(
+            id=job_id,
+            name=spec.name,
+            command=spec.command,
+            state=JobState(text("gl_state")),
+            attempt=int(text("gl_attempt") or 0),
+            worker=self._keys.worker_display_name(worker) if worker else None,
+            exit_code=int(exit_code) if exit_code is not None else None,
+            reason=text("gl_reason"),
+            queue=text("origin") or "",
+            created_at=created,
+            queued_at=parse_timestamp(raw.get(b"enqueued_at")),
+            scheduled_at=parse_timestamp(raw.get(b"gl_scheduled_at")),
+            started_at=parse_timestamp(raw.get(b"started_at")),
+            ended_at=parse_timestamp(raw.get(b"ended_at")),
+            outputs=OutputSummary.model_validate_json(outputs) if outputs else None,
+            spec=spec,
+        )

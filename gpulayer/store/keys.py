@@ -1,0 +1,117 @@
+"""Every Redis key and channel GPUlayer reads or writes, in one place (see docs/architecture/redis-keys.md).
+
+Ours live under the installation's prefix. RQ's live in RQ's namespace, named through RQ's own
+constants, because jobs and workers are RQ's: ``rq info`` and rq-dashboard see them. The Lua
+scripts get the same templates (:meth:`Keys.lua_templates`), so a key is spelled in one place.
+"""
+
+from __future__ import annotations
+
+from rq.command import PUBSUB_CHANNEL_TEMPLATE
+from rq.job import Job
+from rq.queue import Queue
+from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.suspension import WORKERS_SUSPENDED
+from rq.worker import BaseWorker
+
+#: The requirement set of a job that asks for nothing in particular.
+DEFAULT_CAPABILITY = "default"
+
+
+class Keys:
+    """Key names for one installation (one prefix). ``{}`` in a template: a job id, queue or worker name."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        #: Sorted set of every job id, scored by creation time (ms).
+        self.jobs = f"{prefix}:jobs"
+        #: Channel a submit publishes the queue name on, so idle workers wake at once.
+        self.wake = f"{prefix}:wake"
+        #: RQ's set of queue keys, read by ``rq info``.
+        self.rq_queues = Queue.redis_queues_keys
+        #: RQ's set of live worker keys, read by ``rq info``.
+        self.rq_workers = BaseWorker.redis_workers_keys
+        #: Set by ``rq suspend``; while it exists no job is claimed.
+        self.rq_suspended = WORKERS_SUSPENDED
+        self._templates = {
+            # The job's hash: RQ's fields, and ours prefixed ``gl_``.
+            "job": Job.redis_job_namespace_prefix + "{}",
+            # An RQ queue (a list of job ids), by queue name.
+            "queue": Queue.redis_queue_namespace_prefix + "{}",
+            # Sorted set of the ids of jobs in one state, scored by creation time (ms).
+            "jobs_in": f"{prefix}:jobs:{{}}",
+            # Stream of a job's log lines, capped at the last ``log_max_lines``.
+            "logs": f"{prefix}:logs:{{}}",
+            # Stream with one entry, added when the job ends; waiters block on it.
+            "done": f"{prefix}:done:{{}}",
+            # Hash of a job's source and input archives, in chunks.
+            "inputs": f"{prefix}:files:{{}}:in",
+            # Hash of a job's output archive, in chunks.
+            "outputs": f"{prefix}:files:{{}}:out",
+            # Set of the ids of jobs a worker has taken and not ended, by worker name.
+            "worker_jobs": f"{prefix}:worker:{{}}:jobs",
+            # RQ's worker hash and command channel, by RQ worker name (see rq_worker_name).
+            "rq_worker": BaseWorker.redis_worker_namespace_prefix + "{}",
+            "pubsub": PUBSUB_CHANNEL_TEMPLATE % "{}",
+            # RQ's registries, by queue name: running (scored +inf: RQ never reaps ours), and ended.
+            "started": StartedJobRegistry.key_template.format("{}"),
+            "finished": FinishedJobRegistry.key_template.format("{}"),
+            "failed": FailedJobRegistry.key_template.format("{}"),
+            "canceled": CanceledJobRegistry.key_template.format("{}"),
+        }
+
+    def _key(self, template: str, value: str) -> str:
+        return self._templates[template].format(value)
+
+    def job(self, job_id: str) -> str:
+        return self._key("job", job_id)
+
+    def jobs_in(self, state: str) -> str:
+        return self._key("jobs_in", state)
+
+    def logs(self, job_id: str) -> str:
+        return self._key("logs", job_id)
+
+    def done(self, job_id: str) -> str:
+        return self._key("done", job_id)
+
+    def inputs(self, job_id: str) -> str:
+        return self._key("inputs", job_id)
+
+    def outputs(self, job_id: str) -> str:
+        return self._key("outputs", job_id)
+
+    def staged_outputs(self, job_id: str, attempt: int) -> str:
+        """An attempt's outputs while uploading; renamed to :meth:`outputs` if it still owns the job."""
+        return f"{self.outputs(job_id)}:{attempt}"
+
+    def worker_jobs(self, worker: str) -> str:
+        return self._key("worker_jobs", worker)
+
+    def queue_name(self, capability: str = DEFAULT_CAPABILITY) -> str:
+        """The RQ queue name for jobs of one requirement set."""
+        return f"{self.prefix}:{capability}"
+
+    def queue(self, queue_name: str) -> str:
+        return self._key("queue", queue_name)
+
+    def rq_worker_name(self, worker: str) -> str:
+        """The name RQ knows a worker by: prefixed, so two installations' workers never collide."""
+        return f"{self.prefix}:{worker}"
+
+    def worker_display_name(self, rq_worker_name: str) -> str:
+        return rq_worker_name.removeprefix(f"{self.prefix}:")
+
+    def rq_worker(self, worker: str) -> str:
+        return self._key("rq_worker", self.rq_worker_name(worker))
+
+    def pubsub(self, worker: str) -> str:
+        """The channel RQ's worker commands (``stop-job``, ``shutdown``) arrive on."""
+        return self._key("pubsub", self.rq_worker_name(worker))
+
+    def lua_templates(self) -> dict[str, tuple[str, str]]:
+        """Each template split around its ``{}``, for the scripts' ``key(K.name, value)``."""
+        return {
+            name: (head, tail)
+            for name, (head, _, tail) in ((name, t.partition("{}")) for name, t in self._templates.items())
+        }

@@ -1,0 +1,45 @@
+-- Shared by every script: the loader puts the prelude (K, JOBS, WAKE, RQ_QUEUES, RQ_STATUS,
+-- LOG_MAX_LINES, RETENTION; see gpulayer/store/scripts.py) and then this file before each script.
+-- Keys of jobs named only by id are built here with key(); the scripts run on one Redis, not a cluster.
+
+local function key(template, value)
+  return template[1] .. value .. template[2]
+end
+
+-- Moves a job to a state: its gl_state, its RQ status, and the per-state index.
+local function set_state(id, jobkey, state)
+  local old = redis.call('hget', jobkey, 'gl_state')
+  if old then
+    redis.call('zrem', key(K.jobs_in, old), id)
+  end
+  local score = redis.call('zscore', JOBS, id)
+  if score then
+    redis.call('zadd', key(K.jobs_in, state), score, id)
+  end
+  redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
+end
+
+-- True while this worker's attempt still owns the job: the fencing check before any write of a worker.
+local function owns(jobkey, worker, attempt)
+  local v = redis.call('hmget', jobkey, 'gl_state', 'worker_name', 'gl_attempt')
+  return (v[1] == 'scheduled' or v[1] == 'running') and v[2] == worker and v[3] == attempt
+end
+
+local function log_line(id, stream, attempt, text)
+  redis.call('xadd', key(K.logs, id), 'MAXLEN', LOG_MAX_LINES, '*', 's', stream, 'a', attempt, 'l', text)
+end
+
+-- Ends a job in a terminal state: RQ's registries, the done stream waiters block on, and retention.
+local function end_job(id, jobkey, state, ended_at)
+  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt')
+  set_state(id, jobkey, state)
+  redis.call('hset', jobkey, 'ended_at', ended_at)
+  redis.call('zrem', key(K.started, v[1]), id .. ':' .. (v[2] or '0'))
+  local now = tonumber(redis.call('time')[1])
+  redis.call('zadd', key(K[RQ_STATUS[state]], v[1]), now + RETENTION, id)
+  redis.call('xadd', key(K.done, id), '*', 'state', state)
+  redis.call('del', key(K.inputs, id))
+  for _, k in ipairs({jobkey, key(K.logs, id), key(K.done, id), key(K.outputs, id)}) do
+    redis.call('expire', k, RETENTION)
+  end
+end

@@ -1,0 +1,61 @@
+"""How a GPUlayer job is written as an RQ job, so RQ's own tools (``rq info``, rq-dashboard) show it.
+
+The hash is built by RQ's ``Job.to_dict`` so it stays in RQ's format; GPUlayer's fields sit beside
+RQ's, prefixed ``gl_``. Timestamps use RQ's format, from the clock of the process that made the change.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from datetime import datetime
+from typing import Any, NoReturn
+
+from redis import Redis
+from rq.job import Job, JobStatus
+from rq.utils import now, utcformat, utcparse
+
+#: The callable RQ sees. Only a GPUlayer worker runs these jobs; a plain ``rq worker`` that takes
+#: one fails it with the message below instead of running something else.
+RQ_FUNCTION = f"{__name__}.run_on_gpulayer_worker"
+_DESCRIPTION_MAX = 1000
+
+
+def run_on_gpulayer_worker(*args: Any, **kwargs: Any) -> NoReturn:
+    raise RuntimeError(
+        "this is a GPUlayer job: it runs on `gpulayer worker start`, not on a plain `rq worker`"
+    )
+
+
+def timestamp() -> str:
+    """Now, in RQ's timestamp format."""
+    return utcformat(now())
+
+
+def parse_timestamp(raw: bytes | None) -> datetime | None:
+    return utcparse(raw.decode()) if raw else None
+
+
+def rq_fields(
+    redis: Redis,
+    job_id: str,
+    queue_name: str,
+    command: list[str],
+    timeout: float | None,
+    retention: int,
+    created: datetime,
+) -> dict[str, Any]:
+    """RQ's fields of a new queued job; GPUlayer's state fields are added by the submit script."""
+    job = Job.create(
+        RQ_FUNCTION,
+        connection=redis,
+        id=job_id,
+        origin=queue_name,
+        description=shlex.join(command)[:_DESCRIPTION_MAX],
+        timeout=math.ceil(timeout) if timeout else -1,
+        result_ttl=retention,
+        failure_ttl=retention,
+        status=JobStatus.QUEUED,
+    )
+    job.created_at = job.enqueued_at = created
+    return job.to_dict()

@@ -1,0 +1,56 @@
+"""The Lua scripts, each its own file in ``lua/``, loaded once per client and called by SHA.
+
+Each script runs after a generated prelude (key templates, state names, limits) and ``_lib.lua``.
+redis-py's ``Script`` reloads a script that Redis lost (a restart, ``SCRIPT FLUSH``) on ``NOSCRIPT``.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from redis import Redis
+from redis.client import Pipeline
+
+from ..models import JobState
+from ..settings import Settings
+from .keys import Keys
+
+_NAMES = ("submit", "claim", "start", "append_logs", "finish", "cancel", "heartbeat", "requeue")
+
+
+def _lua(value: Any) -> str:
+    """A Lua literal for a str, int, tuple of str, or dict of those."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{name} = {_lua(item)}" for name, item in value.items()) + "}"
+    if isinstance(value, tuple):
+        return "{" + ", ".join(_lua(item) for item in value) + "}"
+    return json.dumps(value)
+
+
+def prelude(keys: Keys, settings: Settings) -> str:
+    constants = {
+        "K": keys.lua_templates(),
+        "JOBS": keys.jobs,
+        "WAKE": keys.wake,
+        "RQ_QUEUES": keys.rq_queues,
+        "RQ_STATUS": {state.value: state.rq_status for state in JobState},
+        "LOG_MAX_LINES": settings.log_max_lines,
+        "RETENTION": settings.retention_seconds,
+    }
+    return "".join(f"local {name} = {_lua(value)}\n" for name, value in constants.items())
+
+
+class Scripts:
+    """One ``Script`` per file, bound to a connection; ``run("claim", keys, args)`` calls it by SHA."""
+
+    def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
+        folder = resources.files("gpulayer.store") / "lua"
+        head = prelude(keys, settings) + (folder / "_lib.lua").read_text()
+        self._scripts = {
+            name: redis.register_script(head + (folder / f"{name}.lua").read_text()) for name in _NAMES
+        }
+
+    def run(self, name: str, keys: list[str], args: list[Any], client: Redis | Pipeline | None = None) -> Any:
+        return self._scripts[name](keys=keys, args=args, client=client)

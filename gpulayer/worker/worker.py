@@ -1,0 +1,274 @@
+"""The GPUlayer worker: an RQ worker that runs several command jobs at once, one per slot.
+
+RQ's ``work()`` loop, registration, suspension, maintenance, signal handling and pub/sub commands
+are used as they are. What changes:
+
+* ``dequeue_job_and_maintain_ttl`` claims jobs with one Lua script (atomic across queues, never more
+  than there are free slots) and sleeps until a submit or a freed slot wakes it, not on BLPOP;
+* ``execute_job`` hands the job to a slot thread and returns, so several jobs run at once;
+* ``register_birth`` takes over a name whose previous process died, giving its jobs back at once;
+* a warm shutdown waits for running jobs; a cold one stops them and puts them back in their queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import redis.exceptions
+from pydantic import ValidationError
+from redis import Redis
+from rq.command import parse_payload
+from rq.queue import Queue
+from rq.worker import BaseWorker, WorkerStatus
+
+from ..models import JobSpec, JobState, validation_message
+from ..settings import Settings
+from ..store.artifacts import RedisArtifactStore
+from ..store.execution import Claim, ExecutionStore
+from ..store.keys import Keys
+from ..store.scripts import Scripts
+from .runner import JobRunner, StopReason
+
+log = logging.getLogger("gpulayer.worker")
+
+#: The worker's RQ hash lives this long (+60 s, RQ's margin) without a heartbeat.
+WORKER_TTL = 60
+#: Seconds between heartbeats.
+HEARTBEAT_INTERVAL = 5.0
+#: Longest sleep (s) without looking at the queues, should a wake-up message be lost.
+POLL_INTERVAL = 1.0
+_MAX_BACKOFF = 60.0
+
+
+class Worker(BaseWorker):
+    """Runs up to ``slots`` jobs at once from this installation's queues."""
+
+    def __init__(
+        self,
+        connection: Redis,
+        settings: Settings,
+        *,
+        name: str,
+        slots: int,
+        workdir: Path | None = None,
+    ) -> None:
+        self.keys = Keys(settings.prefix)
+        self.settings = settings
+        self.display_name = name
+        self.slots = slots
+        self.incarnation = uuid.uuid4().hex
+        super().__init__(
+            queues=[self.keys.queue_name()],
+            name=self.keys.rq_worker_name(name),
+            connection=connection,
+            worker_ttl=WORKER_TTL,
+        )
+        self.store = ExecutionStore(connection, self.keys, Scripts(connection, self.keys, settings), name)
+        self.artifacts = RedisArtifactStore(connection, self.keys)
+        self.workdir = workdir or settings.home / "work" / name
+        self._base_env = dict(os.environ)
+        self._runners: dict[str, JobRunner] = {}
+        self._claimed: deque[Claim] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="gpulayer-slot")
+        self._next_heartbeat = 0.0
+        self._next_suspension_check = 0.0
+
+    # --- registration --------------------------------------------------------------------------
+    def serialize(self) -> dict[str, Any]:
+        fields: dict[str, Any] = super().serialize()
+        fields.update(gl_incarnation=self.incarnation, gl_name=self.display_name, gl_slots=self.slots)
+        return fields
+
+    def register_birth(self) -> None:
+        """Take over this name at once: a previous process under it (a machine that rebooted) gives
+        its jobs back to their queues, and its registration is replaced."""
+        moved = self.store.requeue(f"worker {self.display_name} restarted; the job goes back to its queue")
+        if moved:
+            log.warning(
+                "worker %s: a previous run held %d job(s); they are back in their queues",
+                self.display_name,
+                moved,
+            )
+        self.connection.delete(self.key)
+        super().register_birth()  # type: ignore[no-untyped-call]
+
+    def subscribe(self) -> None:
+        """RQ's command channel (stop-job, shutdown), and the channel submits wake idle workers on."""
+        self.pubsub = self.connection.pubsub()  # type: ignore[no-untyped-call]
+        self.pubsub.subscribe(
+            **{self.pubsub_channel_name: self.handle_payload, self.keys.wake: self._on_wake}
+        )
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
+            sleep_time=60, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """At most every HEARTBEAT_INTERVAL: renew the registration, stop jobs whose cancel arrived
+        while the channel was down, and stop everything if another process took over the name."""
+        now = time.monotonic()
+        if now < self._next_heartbeat:
+            return
+        self._next_heartbeat = now + HEARTBEAT_INTERVAL
+        alive, cancelled = self.store.heartbeat(self.incarnation, self.worker_ttl + 60)
+        if not alive:
+            log.error(
+                "worker %s: another process took over this name; stopping without writing more",
+                self.display_name,
+            )
+            self._stop_all("stale")
+            self._stop_requested = True
+        for job_id in cancelled:
+            self._stop_job(job_id)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # The claim script refuses work while suspended, so RQ's check (a round trip) can be rare.
+        now = time.monotonic()
+        if now >= self._next_suspension_check:
+            self._next_suspension_check = now + POLL_INTERVAL
+            super().check_for_suspension(burst)
+
+    # --- the loop ---------------------------------------------------------------------------------
+    def dequeue_job_and_maintain_ttl(  # type: ignore[override]
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Claim, Queue] | None:
+        """Wait for a free slot and a queued job; claim as many jobs as there are free slots.
+        Returns None to end the loop: a stop, an empty queue in burst mode (``timeout`` None), or idleness."""
+        idle_since = time.monotonic()
+        backoff = 1.0
+        while not self._stop_requested:
+            try:
+                self.heartbeat()
+                if self._claimed:
+                    return self._claimed.popleft(), self.queues[0]
+                with self._lock:
+                    free = self.slots - len(self._runners)
+                if not self._runners and self.get_state() == WorkerStatus.BUSY:
+                    self.set_state(WorkerStatus.IDLE)
+                if free > 0:
+                    self._wake.clear()
+                    self._claimed.extend(self.store.claim(self.queue_names(), free))
+                    backoff = 1.0
+                    if self._claimed:
+                        continue
+                    if timeout is None:
+                        return None
+                if self._runners:
+                    idle_since = time.monotonic()
+                elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    return None
+                self._wake.wait(POLL_INTERVAL)
+            except redis.exceptions.ConnectionError as exc:
+                log.error(
+                    "worker %s: cannot reach Redis (%s); retrying in %.0f s", self.display_name, exc, backoff
+                )
+                time.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF)
+        return None
+
+    def execute_job(self, job: Claim, queue: Queue) -> None:  # type: ignore[override]
+        """Start the job in a free slot and return at once."""
+        try:
+            spec = JobSpec.model_validate_json(job.spec_json)
+        except ValidationError as exc:
+            reason = f"invalid job record: {validation_message(exc)}"
+            self.store.finish(job, JobState.FAILED, exit_code=None, reason=reason, outputs=None, seconds=0.0)
+            log.error("job %s: %s", job.job_id, reason)
+            return
+        runner = JobRunner(
+            job,
+            spec,
+            self.store,
+            self.artifacts,
+            self.settings,
+            self.workdir / f"{job.job_id}-{job.attempt}",
+            self._base_env,
+        )
+        with self._lock:
+            self._runners[job.job_id] = runner
+        if self.get_state() != WorkerStatus.BUSY:
+            self.set_state(WorkerStatus.BUSY)
+        log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
+        self._pool.submit(self._run_in_slot, runner)
+
+    def _run_in_slot(self, runner: JobRunner) -> None:
+        try:
+            runner.run()
+        except Exception as exc:
+            log.exception("job %s: the worker failed running it", runner.job_id)
+            try:
+                self.store.finish(
+                    runner.claim,
+                    JobState.FAILED,
+                    exit_code=None,
+                    reason=f"worker error: {exc}",
+                    outputs=None,
+                    seconds=0.0,
+                )
+            except redis.exceptions.RedisError:
+                log.error("job %s: could not record the failure", runner.job_id)
+        finally:
+            with self._lock:
+                del self._runners[runner.job_id]
+            self._wake.set()
+
+    # --- commands and shutdown ---------------------------------------------------------------------
+    def handle_payload(self, message: dict[Any, Any]) -> None:
+        payload = parse_payload(message)
+        if payload.get("command") == "stop-job":
+            self._stop_job(str(payload.get("job_id")))
+        else:
+            super().handle_payload(message)  # type: ignore[no-untyped-call]
+
+    def _on_wake(self, message: dict[Any, Any]) -> None:
+        self._wake.set()
+
+    def _stop_job(self, job_id: str) -> None:
+        with self._lock:
+            runner = self._runners.get(job_id)
+        if runner is not None:
+            log.info("job %s: cancel requested; stopping its processes", job_id)
+            runner.stop("cancel")
+
+    def _stop_all(self, reason: StopReason) -> None:
+        with self._lock:
+            runners = list(self._runners.values())
+        for runner in runners:
+            runner.stop(reason)
+
+    def _shutdown(self) -> None:
+        """Warm shutdown (first SIGTERM/SIGINT): take no new jobs; running ones finish."""
+        log.info(
+            "worker %s: finishing %d running job(s), then stopping; signal again to stop them now",
+            self.display_name,
+            len(self._runners),
+        )
+        self._stop_requested = True
+        self._wake.set()
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        """Cold shutdown (second signal): stop running jobs and give them back to their queues."""
+        log.warning("worker %s: stopping now; running jobs go back to their queues", self.display_name)
+        self._stop_all("requeue")
+        self._stop_requested = True
+        self._wake.set()
+
+    def teardown(self) -> None:
+        if self._claimed:
+            self.store.requeue(
+                f"worker {self.display_name} stopped before starting the job; it goes back to its queue",
+                [claim.job_id for claim in self._claimed],
+            )
+            self._claimed.clear()
+        self._pool.shutdown(wait=True)
+        super().teardown()  # type: ignore[no-untyped-call]

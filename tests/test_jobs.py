@@ -1,0 +1,170 @@
+"""A command job from submit to outputs, through a real Redis and real worker processes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpulayer import Client, JobState, OutputNotProduced
+from tests.conftest import Workers
+
+PY = sys.executable
+
+
+def test_a_job_ships_its_source_and_inputs_and_brings_back_its_outputs(
+    client: Client, workers: Workers, tmp_path: Path
+) -> None:
+    source = tmp_path / "app"
+    (source / "pkg").mkdir(parents=True)
+    (source / "pkg" / "shout.py").write_text("def shout(text):\n    return text.upper()\n")
+    (source / "main.py").write_text(
+        "import json, os, pathlib\n"
+        "from pkg.shout import shout\n"
+        "data = pathlib.Path('table.csv').read_text()\n"
+        "pathlib.Path('results').mkdir()\n"
+        "pathlib.Path('results/shouted.csv').write_text(shout(data))\n"
+        "pathlib.Path('results/env.json').write_text(json.dumps({\n"
+        "    'job': os.environ['GPULAYER_JOB_ID'], 'attempt': os.environ['GPULAYER_ATTEMPT'],\n"
+        "    'greeting': os.environ['GREETING'], 'cwd': os.getcwd(), 'listing': sorted(os.listdir('.'))}))\n"
+        "print('done')\n"
+    )
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "table.csv").write_text("a,b\n1,2\n")
+    workers.start()
+
+    job = client.submit(
+        [PY, "main.py"],
+        source=source,
+        inputs=[inputs / "table.csv"],
+        outputs=["results/*.csv", "results/env.json"],
+        env={"GREETING": "hello"},
+        name="round trip",
+    )
+    record = job.wait(timeout=30)
+
+    assert record.state is JobState.SUCCEEDED, record.reason
+    assert record.exit_code == 0
+    assert record.name == "round trip"
+    assert record.outputs is not None
+    assert record.outputs.files == 2
+    written = job.download_outputs(tmp_path / "out")
+    assert sorted(p.relative_to(tmp_path / "out").as_posix() for p in written) == [
+        "results/env.json",
+        "results/shouted.csv",
+    ]
+    assert (tmp_path / "out" / "results" / "shouted.csv").read_text() == "A,B\n1,2\n"
+    seen = json.loads((tmp_path / "out" / "results" / "env.json").read_text())
+    assert seen["job"] == job.id
+    assert seen["attempt"] == "1"
+    assert seen["greeting"] == "hello"
+    assert seen["listing"] == ["main.py", "pkg", "results", "table.csv"]
+    assert [line.text for line in job.logs()] == ["done"]
+
+
+def test_each_job_gets_a_fresh_folder_that_is_removed_afterwards(
+    client: Client, workers: Workers, home: Path
+) -> None:
+    workers.start(slots=1)
+    first = client.submit(["sh", "-c", "touch leftover && pwd"]).wait(30)
+    second = client.submit(["sh", "-c", "ls"])
+    second.wait(30)
+    assert first.state is JobState.SUCCEEDED
+    assert [line.text for line in second.logs()] == []
+    work = home / "work" / "w1"
+    assert not any(work.iterdir())
+
+
+def test_the_record_keeps_each_state_timestamp_the_worker_and_the_attempt(
+    client: Client, workers: Workers
+) -> None:
+    workers.start(name="box-a")
+    record = client.submit(["true"]).wait(30)
+    assert record.state is JobState.SUCCEEDED
+    assert record.worker == "box-a"
+    assert record.attempt == 1
+    assert record.queued_at is not None
+    assert record.scheduled_at is not None
+    assert record.started_at is not None
+    assert record.ended_at is not None
+    assert (
+        record.created_at <= record.queued_at <= record.scheduled_at <= record.started_at <= record.ended_at
+    )
+    assert record.reason is None
+
+
+def test_a_failing_command_keeps_its_exit_code_and_the_reason(client: Client, workers: Workers) -> None:
+    workers.start()
+    record = client.submit(["sh", "-c", "exit 3"]).wait(30)
+    assert record.state is JobState.FAILED
+    assert record.exit_code == 3
+    assert record.reason == "exit code 3"
+
+
+def test_a_missing_command_fails_the_job_and_the_worker_goes_on(client: Client, workers: Workers) -> None:
+    process = workers.start(slots=1)
+    missing = client.submit(["no-such-command-anywhere", "--flag"]).wait(30)
+    after = client.submit(["true"]).wait(30)
+    assert missing.state is JobState.FAILED
+    assert missing.reason == "command not found: no-such-command-anywhere"
+    assert missing.exit_code == 127
+    assert after.state is JobState.SUCCEEDED
+    assert process.poll() is None
+
+
+def test_a_job_past_its_timeout_is_stopped_and_ends_timed_out(client: Client, workers: Workers) -> None:
+    workers.start()
+    job = client.submit(["sleep", "60"], timeout=0.5)
+    record = job.wait(30)
+    assert record.state is JobState.TIMED_OUT
+    assert record.reason == "timed out after 0.5 s"
+    assert any("timed out" in line.text and line.stream == "system" for line in job.logs())
+
+
+def test_an_output_that_was_not_produced_fails_the_job_and_names_it(
+    client: Client, workers: Workers, tmp_path: Path
+) -> None:
+    workers.start()
+    job = client.submit(["sh", "-c", "echo ok > made.txt"], outputs=["made.txt", "never/*.bin"])
+    record = job.wait(30)
+    assert record.state is JobState.FAILED
+    assert record.reason == "output not produced: never/*.bin"
+    with pytest.raises(OutputNotProduced, match=r"output not produced: never/\*\.bin"):
+        job.download_outputs(tmp_path / "out")
+    assert (tmp_path / "out" / "made.txt").read_text() == "ok\n"
+
+
+def test_two_workers_share_one_queue(client: Client, workers: Workers) -> None:
+    workers.start(name="w1", slots=1)
+    workers.start(name="w2", slots=1)
+    jobs = [client.submit(["sleep", "0.3"]) for _ in range(8)]
+    records = [job.wait(60) for job in jobs]
+    assert {record.state for record in records} == {JobState.SUCCEEDED}
+    assert {record.worker for record in records} == {"w1", "w2"}
+
+
+def test_a_worker_runs_up_to_its_slots_at_once(client: Client, workers: Workers, tmp_path: Path) -> None:
+    workers.start(slots=3)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = f"touch {marks}/$GPULAYER_JOB_ID; sleep 1; ls {marks} | wc -l"
+    jobs = [client.submit(["sh", "-c", script]) for _ in range(3)]
+    for job in jobs:
+        assert job.wait(30).state is JobState.SUCCEEDED
+    # Each job counted the others' marks while it slept: all three ran together.
+    assert {next(iter(job.logs())).text.strip() for job in jobs} == {"3"}
+
+
+def test_jobs_lists_newest_first_and_filters_by_state(client: Client, workers: Workers) -> None:
+    workers.start()
+    ok = client.submit(["true"])
+    bad = client.submit(["false"])
+    ok.wait(30)
+    bad.wait(30)
+    assert [record.id for record in client.jobs()] == [bad.id, ok.id]
+    assert [record.id for record in client.jobs(state="failed")] == [bad.id]
+    assert [record.id for record in client.jobs(state=JobState.SUCCEEDED)] == [ok.id]
+    assert client.jobs(state="running") == []

@@ -1,0 +1,142 @@
+"""The worker as a process: RQ compatibility, restarts under the same name, shutdowns, bad records."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import redis
+from rq.command import send_stop_job_command
+from rq.job import Job as RQJob
+
+from gpulayer import Client, JobState
+from gpulayer.worker.worker import POLL_INTERVAL
+from tests.conftest import Workers, wait_for
+
+
+def test_rq_info_shows_the_queue_and_the_worker(client: Client, workers: Workers, redis_url: str) -> None:
+    workers.start(name="box-a")
+    client.submit(["true"]).wait(30)
+    info = subprocess.run(
+        [sys.executable, "-m", "rq.cli", "info", "--url", redis_url, "--raw"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "queue gpulayer:default 0, 0 executing, 1 finished, 0 failed" in info
+    assert "worker gpulayer:box-a" in info
+
+
+def test_a_job_is_an_rq_job(client: Client, workers: Workers, raw_redis: redis.Redis) -> None:
+    workers.start(name="box-a")
+    job = client.submit(["echo", "hello world"])
+    job.wait(30)
+    rq_job = RQJob.fetch(job.id, connection=raw_redis)
+    assert rq_job.get_status() == "finished"
+    assert rq_job.description == "echo 'hello world'"
+    assert rq_job.origin == "gpulayer:default"
+    assert rq_job.worker_name == "gpulayer:box-a"
+    assert rq_job.started_at is not None
+    assert rq_job.ended_at is not None
+
+
+def test_rqs_own_stop_job_command_cancels_a_running_job(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    workers.start()
+    job = client.submit(["sleep", "300"])
+    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    send_stop_job_command(raw_redis, job.id)
+    assert job.wait(30).state is JobState.CANCELLED
+
+
+def test_a_worker_restarted_under_its_name_takes_over_at_once_and_reruns_its_job(
+    client: Client, workers: Workers
+) -> None:
+    first = workers.start(name="w1", slots=1)
+    job = client.submit(["sh", "-c", "sleep 1; echo done"])
+    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert job.status().state is JobState.RUNNING  # nothing noticed yet: the old registration is still there
+
+    workers.start(name="w1", slots=1)
+    record = job.wait(30)
+    assert record.state is JobState.SUCCEEDED
+    assert record.attempt == 2
+    lines = [(line.attempt, line.stream, line.text) for line in job.logs()]
+    assert (1, "system", "worker w1 restarted; the job goes back to its queue") in lines
+    assert (2, "stdout", "done") in lines
+    assert [worker.name for worker in client.workers()] == ["w1"]
+
+
+def test_sigterm_lets_running_jobs_finish(client: Client, workers: Workers) -> None:
+    process = workers.start()
+    job = client.submit(["sh", "-c", "sleep 1; echo finished"])
+    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    record = job.status()
+    assert record.state is JobState.SUCCEEDED
+    assert client.workers() == []
+
+
+def test_a_second_sigterm_stops_jobs_and_puts_them_back_in_their_queue(
+    client: Client, workers: Workers
+) -> None:
+    process = workers.start(name="w1")
+    job = client.submit(["sleep", "300"])
+    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    process.send_signal(signal.SIGTERM)
+    wait_for(lambda: client.workers()[0].state == "busy", what="the warm shutdown")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+    record = job.status()
+    assert record.state is JobState.QUEUED
+    assert any("w1 stopped; the job goes back to its queue" in line.text for line in job.logs())
+
+    workers.start(name="w2")
+    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run again")
+    assert job.status().attempt == 2
+    assert job.status().worker == "w2"
+
+
+def test_a_suspended_installation_takes_no_jobs_until_resumed(
+    client: Client, workers: Workers, redis_url: str
+) -> None:
+    def rq(*args: str) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "rq.cli", *args, "--url", redis_url], check=True, capture_output=True
+        )
+
+    workers.start()
+    rq("suspend")
+    job = client.submit(["true"])
+    time.sleep(POLL_INTERVAL * 1.5)  # the worker was woken by the submit, and has polled since
+    assert job.status().state is JobState.QUEUED
+    rq("resume")
+    assert job.wait(30).state is JobState.SUCCEEDED
+
+
+def test_burst_mode_exits_when_the_queue_is_empty(client: Client, workers: Workers) -> None:
+    jobs = [client.submit(["sleep", "0.2"]) for _ in range(3)]
+    process = workers.start("w1", 2, "--burst", wait=False)
+    assert process.wait(30) == 0
+    assert {job.status().state for job in jobs} == {JobState.SUCCEEDED}
+
+
+def test_a_job_record_that_fails_validation_fails_the_job_not_the_worker(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    job = client.submit(["true"])
+    raw_redis.hset(client.keys.job(job.id), "gl_spec", json.dumps({"command": "not a list"}))
+    process = workers.start(slots=1)
+    wait_for(lambda: raw_redis.hget(client.keys.job(job.id), "gl_state") == b"failed", what="the job to fail")
+    reason = raw_redis.hget(client.keys.job(job.id), "gl_reason")
+    assert reason is not None
+    assert reason.startswith(b"invalid job record: command: ")
+    assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+    assert process.poll() is None
