@@ -26,9 +26,7 @@ class JobStore:
     def submit(self, job_id: str, spec: JobSpec, queue_name: str) -> bool:
         """Create the job and queue it, with its uploaded files kept from now on; False if the id is taken."""
         created = now()
-        fields = rq_fields(
-            self._redis, job_id, queue_name, spec.command, spec.timeout, self._retention, created
-        )
+        fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
         fields["gl_spec"] = spec.model_dump_json(exclude_defaults=True)
         fields["gl_attempt"] = 0
         args: list[object] = [job_id, int(created.timestamp() * 1000), queue_name]

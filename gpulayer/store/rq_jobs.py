@@ -6,13 +6,14 @@ RQ's, prefixed ``gl_``. Timestamps use RQ's format, from the clock of the proces
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 from datetime import datetime
 from typing import Any, NoReturn
 
 from redis import Redis
-from rq.job import Job, JobStatus
+from rq.job import Job
 from rq.utils import now, utcformat, utcparse
 
 #: The callable RQ sees. Only a GPUlayer worker runs these jobs; a plain ``rq worker`` that takes
@@ -36,26 +37,26 @@ def parse_timestamp(raw: bytes | None) -> datetime | None:
     return utcparse(raw.decode()) if raw else None
 
 
+@functools.lru_cache(maxsize=8)
+def _template(retention: int) -> dict[str, Any]:
+    """The fields every new job shares, from RQ's own ``to_dict`` of a prototype job: the callable,
+    the TTLs. Empty fields are left out (RQ reads a missing field as empty); per-job fields are
+    added by :func:`rq_fields`, the status by the submit script."""
+    job = Job.create(RQ_FUNCTION, connection=Redis(), result_ttl=retention, failure_ttl=retention)
+    per_job = {"created_at", "enqueued_at", "origin", "description", "timeout", "status"}
+    return {key: value for key, value in job.to_dict().items() if value != "" and key not in per_job}
+
+
 def rq_fields(
-    redis: Redis,
-    job_id: str,
-    queue_name: str,
-    command: list[str],
-    timeout: float | None,
-    retention: int,
-    created: datetime,
+    queue_name: str, command: list[str], timeout: float | None, retention: int, created: datetime
 ) -> dict[str, Any]:
     """RQ's fields of a new queued job; GPUlayer's state fields are added by the submit script."""
-    job = Job.create(
-        RQ_FUNCTION,
-        connection=redis,
-        id=job_id,
-        origin=queue_name,
-        description=shlex.join(command)[:_DESCRIPTION_MAX],
-        timeout=math.ceil(timeout) if timeout else -1,
-        result_ttl=retention,
-        failure_ttl=retention,
-        status=JobStatus.QUEUED,
-    )
-    job.created_at = job.enqueued_at = created
-    return job.to_dict()
+    created_text = utcformat(created)
+    return {
+        **_template(retention),
+        "created_at": created_text,
+        "enqueued_at": created_text,
+        "origin": queue_name,
+        "description": shlex.join(command)[:_DESCRIPTION_MAX],
+        "timeout": math.ceil(timeout) if timeout else -1,
+    }

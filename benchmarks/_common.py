@@ -1,0 +1,86 @@
+"""What the benchmarks share: a private redis-server, worker processes, timing and reporting."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import redis
+
+from gpulayer.server import free_port, start_redis, wait_ready
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+
+@contextmanager
+def private_redis(folder: Path) -> Iterator[str]:
+    """A redis-server on a free port with no persistence, for this run only."""
+    port = free_port()
+    process = start_redis(folder / "redis", port, durable=False)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_ready(url, process)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def flush(url: str) -> None:
+    connection = redis.Redis.from_url(url)
+    connection.flushall()
+    connection.close()
+
+
+def spawn(command: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        list(command),
+        env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def wait_all(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        process.wait(max(1.0, deadline - time.monotonic()))
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def machine() -> dict[str, object]:
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+    }
+
+
+def save(name: str, result: dict[str, object]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps({"machine": machine(), **result}, indent=2) + "\n")
+    return path
+
+
+def python() -> str:
+    return sys.executable

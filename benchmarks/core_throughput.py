@@ -1,0 +1,161 @@
+"""Core throughput: GPUlayer command jobs beside plain RQ, in the same run, on the same Redis.
+
+Each system gets the same work: N jobs that each run `true` in a subprocess, drained by two
+worker processes on this machine. Measured for each:
+
+* submit cost: N submits (enqueues) one after another, before any worker runs, ms per job;
+* throughput: jobs / (last job's end - first job's start), from the job records;
+* submit -> start on an idle worker: one job at a time, p50 and p95 over `--latency-runs`.
+
+Plain RQ runs `rq_tasks.run_command("true")` on its default forking `Worker` and on `SimpleWorker`.
+GPUlayer runs with its default of one slot per core, and with one slot per worker (RQ's concurrency).
+Workers log at WARNING on both sides, so the numbers measure the queue, not the terminal.
+
+    python benchmarks/core_throughput.py [--jobs 2000] [--latency-runs 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import redis
+from _common import flush, median, percentile, private_redis, python, save, spawn, wait_all
+from rq import Queue
+from rq.job import Job as RQJob
+
+from gpulayer import Client, JobState, Settings
+
+RQ_FUNCTION = "rq_tasks.run_command"
+
+
+def gpulayer_throughput(url: str, home: Path, jobs: int, workers: int, slots: int) -> dict[str, float]:
+    flush(url)
+    client = Client(url, settings=Settings(home=home))
+    started = time.perf_counter()
+    for _ in range(jobs):
+        client.submit(["true"])
+    submit_ms = (time.perf_counter() - started) / jobs * 1000
+    processes = [
+        spawn(_gpulayer_worker(url, f"w{i}", slots, "--burst"), env={"GPULAYER_HOME": str(home)})
+        for i in range(workers)
+    ]
+    wait_all(processes)
+    records = client.jobs(limit=jobs)
+    assert len(records) == jobs
+    assert {record.state for record in records} == {JobState.SUCCEEDED}
+    first = min(record.started_at for record in records if record.started_at)
+    last = max(record.ended_at for record in records if record.ended_at)
+    client.close()
+    return {"submit_ms": submit_ms, "jobs_per_s": jobs / (last - first).total_seconds()}
+
+
+def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[str, float]:
+    flush(url)
+    connection = redis.Redis.from_url(url)
+    queue = Queue("bench", connection=connection)
+    started = time.perf_counter()
+    ids = [queue.enqueue(RQ_FUNCTION, "true").id for _ in range(jobs)]
+    submit_ms = (time.perf_counter() - started) / jobs * 1000
+    processes = [spawn(_rq_worker(url, worker_class, "--burst")) for _ in range(workers)]
+    wait_all(processes)
+    records = RQJob.fetch_many(ids, connection=connection)
+    assert all(job is not None and job.get_status() == "finished" for job in records)
+    first = min(job.started_at for job in records if job and job.started_at)
+    last = max(job.ended_at for job in records if job and job.ended_at)
+    connection.close()
+    return {"submit_ms": submit_ms, "jobs_per_s": jobs / (last - first).total_seconds()}
+
+
+def gpulayer_latency(url: str, home: Path, runs: int) -> dict[str, float]:
+    flush(url)
+    client = Client(url, settings=Settings(home=home))
+    worker = spawn(_gpulayer_worker(url, "idle", 2), env={"GPULAYER_HOME": str(home)})
+    while not client.workers():
+        time.sleep(0.01)
+    latencies = []
+    for _ in range(runs):
+        record = client.submit(["true"]).wait(30)
+        assert record.started_at is not None
+        latencies.append((record.started_at - record.created_at).total_seconds() * 1000)
+    _stop(worker)
+    client.close()
+    return {"p50_ms": median(latencies), "p95_ms": percentile(latencies, 0.95)}
+
+
+def rq_latency(url: str, runs: int, worker_class: str) -> dict[str, float]:
+    flush(url)
+    connection = redis.Redis.from_url(url)
+    queue = Queue("bench", connection=connection)
+    worker = spawn(_rq_worker(url, worker_class))
+    from rq import Worker
+
+    while not Worker.all(connection=connection):
+        time.sleep(0.01)
+    latencies = []
+    for _ in range(runs):
+        job = queue.enqueue(RQ_FUNCTION, "true")
+        assert job.latest_result(timeout=30) is not None
+        job.refresh()
+        assert job.started_at is not None
+        assert job.enqueued_at is not None
+        latencies.append((job.started_at - job.enqueued_at).total_seconds() * 1000)
+    _stop(worker)
+    connection.close()
+    return {"p50_ms": median(latencies), "p95_ms": percentile(latencies, 0.95)}
+
+
+def _gpulayer_worker(url: str, name: str, slots: int, *extra: str) -> list[str]:
+    return [python(), "-m", "gpulayer", "worker", "start", "--redis-url", url, "--name", name,
+            "--slots", str(slots), "--log-level", "WARNING", *extra]  # fmt: skip
+
+
+def _rq_worker(url: str, worker_class: str, *extra: str) -> list[str]:
+    return [python(), "-m", "rq.cli", "worker", "--url", url, "-w", worker_class,
+            "--logging_level", "WARNING", *extra, "bench"]  # fmt: skip
+
+
+def _stop(process: object) -> None:
+    process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
+    process.wait(30)  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--latency-runs", type=int, default=50)
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp)) as url:
+        home = Path(tmp) / "home"
+        runs = {
+            f"gpulayer, 2 workers x {cores} slots": gpulayer_throughput(url, home, args.jobs, 2, cores),
+            "gpulayer, 2 workers x 1 slot": gpulayer_throughput(url, home, args.jobs, 2, 1),
+            "rq Worker (fork), 2 workers": rq_throughput(url, args.jobs, 2, "rq.worker.Worker"),
+            "rq SimpleWorker, 2 workers": rq_throughput(url, args.jobs, 2, "rq.worker.SimpleWorker"),
+        }
+        latency = {
+            "gpulayer": gpulayer_latency(url, home, args.latency_runs),
+            "rq Worker (fork)": rq_latency(url, args.latency_runs, "rq.worker.Worker"),
+            "rq SimpleWorker": rq_latency(url, args.latency_runs, "rq.worker.SimpleWorker"),
+        }
+    fork = runs["rq Worker (fork), 2 workers"]["jobs_per_s"]
+    simple = runs["rq SimpleWorker, 2 workers"]["jobs_per_s"]
+    print(f"{args.jobs} jobs running `true`, two worker processes, {cores} CPUs, one Redis")
+    print(f"{'':34} {'submit ms/job':>13} {'jobs/s':>8} {'vs RQ fork':>10} {'vs RQ simple':>12}")
+    for name, run in runs.items():
+        print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} "
+              f"{run['jobs_per_s'] / fork:9.2f}x {run['jobs_per_s'] / simple:11.2f}x")  # fmt: skip
+    print(f"\nsubmit -> start on an idle worker, {args.latency_runs} jobs one at a time:")
+    for name, result in latency.items():
+        print(f"{name:34} p50 {result['p50_ms']:6.2f} ms   p95 {result['p95_ms']:6.2f} ms")
+    path = save("core_throughput", {"jobs": args.jobs, "throughput": runs, "idle_latency": latency})
+    print(f"\nsaved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""`gpulayer up` and `down` on the embedded default: a real redis-server with an append-only file,
+a local worker in the background, and every other command finding them without flags."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpulayer.server import redis_server_binary
+
+
+def gpulayer(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpulayer", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture
+def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPULAYER_")}
+    env["GPULAYER_HOME"] = str(tmp_path / "home")
+    yield env
+    gpulayer(env, "down", "--timeout", "5")
+    state = tmp_path / "home" / "server.json"
+    if state.exists():
+        for key in ("redis_pid", "worker_pid"):
+            pid = json.loads(state.read_text()).get(key)
+            if pid:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+
+
+def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_env: dict[str, str]) -> None:
+    home = Path(up_env["GPULAYER_HOME"])
+    up = gpulayer(up_env, "up", "--name", "laptop", "--slots", "2")
+    assert up.returncode == 0, up.stderr
+    assert "GPUlayer is up." in up.stdout
+    state = json.loads((home / "server.json").read_text())
+    password = state["redis_url"].split(":")[2].split("@")[0]
+    assert f"gpulayer join redis://:{password}@127.0.0.1:{state['port']}/0" in up.stdout
+    assert password not in up.stdout.split("gpulayer join")[0]  # only the join line shows it
+    assert stat.S_IMODE((home / "server.json").stat().st_mode) == 0o600
+
+    redis_process = psutil.Process(state["redis_pid"])
+    assert redis_process.exe() == os.path.realpath(redis_server_binary())
+    config = (home / "redis" / "redis.conf").read_text().splitlines()
+    for line in ("appendonly yes", "appendfsync everysec", "bind 127.0.0.1", f"dir {home / 'redis'}"):
+        assert line in config
+
+    run = gpulayer(up_env, "submit", "--wait", "--", "echo", "hello from up")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "hello from up\n"
+    jobs = gpulayer(up_env, "jobs", "--json")
+    assert [job["worker"] for job in json.loads(jobs.stdout)] == ["laptop"]
+
+    again = gpulayer(up_env, "up")
+    assert again.returncode == 0
+    assert "already up" in again.stdout
+
+
+def test_down_stops_both_and_the_next_up_finds_the_jobs_again(up_env: dict[str, str]) -> None:
+    home = Path(up_env["GPULAYER_HOME"])
+    assert gpulayer(up_env, "up").returncode == 0
+    job_id = gpulayer(up_env, "submit", "--", "true").stdout.strip()
+    assert gpulayer(up_env, "wait", job_id).returncode == 0
+    pids = [json.loads((home / "server.json").read_text())[key] for key in ("redis_pid", "worker_pid")]
+
+    down = gpulayer(up_env, "down")
+    assert down.returncode == 0, down.stderr
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
+    after = gpulayer(up_env, "jobs")
+    assert after.returncode == 1
+    assert after.stderr.strip() == (
+        "Error: the Redis that `gpulayer up` started is not running: run `gpulayer up` again"
+    )
+
+    assert gpulayer(up_env, "up").returncode == 0
+    status = json.loads(gpulayer(up_env, "status", job_id, "--json").stdout)
+    assert status["state"] == "succeeded"
