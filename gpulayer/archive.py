@@ -10,7 +10,7 @@ import dataclasses
 import os
 import tarfile
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO
 
 import pathspec
@@ -58,7 +58,15 @@ class Manifest:
     def write(self, dest: IO[bytes]) -> None:
         with tarfile.open(fileobj=dest, mode="w:gz", compresslevel=_GZIP_LEVEL) as tar:
             for arcname, path in self.members.items():
-                tar.add(path, arcname=arcname, recursive=False)
+                tar.add(path, arcname=arcname, recursive=False, filter=self._relative_link)
+
+    def _relative_link(self, info: tarfile.TarInfo) -> tarfile.TarInfo:
+        """A link is stored relative to where it sits, so it points at the same file once unpacked
+        elsewhere (an absolute link, or one that climbs out and back in, would be refused there)."""
+        if info.issym():
+            path = self.members[info.name]
+            info.linkname = os.path.relpath(path.resolve(), path.parent.resolve())
+        return info
 
 
 def _inside(link: Path, root: Path) -> bool:
@@ -162,6 +170,9 @@ def extract(archive: IO[bytes], dest: Path) -> list[Path]:
         with tarfile.open(fileobj=archive, mode="r:*") as tar:
             members = tar.getmembers()
             for member in members:
+                name = PurePosixPath(member.name)
+                if name.is_absolute() or ".." in name.parts:
+                    raise ArchiveError(f"archive entry {member.name!r} would land outside its folder")
                 if not (member.isfile() or member.isdir() or member.issym()):
                     raise ArchiveError(f"archive entry {member.name!r} is not a file, folder or link")
             tar.extractall(dest, members=members, filter="data")

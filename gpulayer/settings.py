@@ -48,9 +48,17 @@ class Settings:
             raise ConfigError(
                 f"GPULAYER_PREFIX {self.prefix!r} must be 1-64 letters, digits, '_', '.' or '-'"
             )
-        for field in ("log_max_lines", "log_line_max_bytes", "max_source_bytes", "max_job_bytes"):
+        for field in (
+            "log_max_lines",
+            "log_line_max_bytes",
+            "max_source_bytes",
+            "max_job_bytes",
+            "retention_seconds",
+        ):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive")
+        if self.kill_grace_seconds < 0:
+            raise ConfigError("kill_grace_seconds must not be negative")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import re
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(I?B?)\s*$", re.IGNORECASE)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([KMGTP])(I)?)?B?\s*$", re.IGNORECASE)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes from ``"24GB"``; decimal units (GB = 10**9) and binary ones (GiB = 2**30) both work."""
+    """Bytes from ``"24GB"``; decimal units (GB = 10**9) and binary ones (GiB or Gi = 2**30) both work."""
     if isinstance(text, int):
         return text
     match = _SIZE.match(text)
     if not match:
         raise ValueError(f"not a size: {text!r} (examples: 512MB, 24GB, 1GiB)")
-    number, unit, suffix = match.groups()
-    power = "KMGTP".find(unit.upper()) + 1 if unit else 0
-    base = 1024 if suffix.upper() == "IB" else 1000
-    return int(float(number) * base**power)
+    number, unit, binary = match.groups()
+    power = "KMGTP".index(unit.upper()) + 1 if unit else 0
+    multiplier: int = (1024 if binary else 1000) ** power
+    return round(float(number) * multiplier)
 
 
 def parse_duration(text: str | float) -> float:
@@ -39,7 +39,7 @@ def format_size(size: int) -> str:
         return f"{size} B"
     value = size / 1024
     for unit in ("KiB", "MiB", "GiB"):
-        if value < 1024:
+        if round(value, 1) < 1024:
             return f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"

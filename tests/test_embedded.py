@@ -20,7 +20,12 @@ from gpulayer.server import redis_server_binary
 
 def gpulayer(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpulayer", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "gpulayer", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
-import psutil
 
 from .. import home as local
 from ..client import Client
@@ -155,12 +154,12 @@ def _stop_worker(pid: int, timeout: float) -> None:
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
-    try:
-        psutil.Process(pid).wait(timeout)
-    except psutil.NoSuchProcess:
-        pass
-    except psutil.TimeoutExpired:
-        return False
+    """Whether ``pid`` ended within ``timeout`` (a zombie counts as ended: init reaps it when it will)."""
+    deadline = time.monotonic() + timeout
+    while local.alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
     return True
 
 

@@ -36,8 +36,11 @@ class JobStore:
         return bool(self._scripts.run("submit", keys, args))
 
     def get(self, job_id: str) -> JobRecord | None:
+        """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
         raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id)))
-        return self._record(job_id, raw) if raw else None
+        if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode()):
+            return None
+        return self._record(job_id, raw)
 
     def list(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
         """The newest ``limit`` jobs, in one state or all. Ids of expired jobs are dropped from the index."""

@@ -92,6 +92,10 @@ class Keys:
         """The RQ queue name for jobs of one requirement set."""
         return f"{self.prefix}:{capability}"
 
+    def owns_queue(self, queue_name: str) -> bool:
+        """Whether a queue is this installation's: job hashes are RQ's, shared by every prefix."""
+        return queue_name.startswith(self.queue_name(""))
+
     def queue(self, queue_name: str) -> str:
         return self._key("queue", queue_name)
 

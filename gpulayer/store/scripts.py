@@ -34,6 +34,7 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "K": keys.lua_templates(),
         "JOBS": keys.jobs,
         "WAKE": keys.wake,
+        "QUEUE_PREFIX": keys.queue_name(""),
         "RQ_QUEUES": keys.rq_queues,
         "RQ_STATUS": {state.value: state.rq_status for state in JobState},
         "LOG_MAX_LINES": settings.log_max_lines,

@@ -1,4 +1,4 @@
--- Shared by every script: the loader puts the prelude (K, JOBS, WAKE, RQ_QUEUES, RQ_STATUS,
+-- Shared by every script: the loader puts the prelude (K, JOBS, WAKE, QUEUE_PREFIX, RQ_QUEUES, RQ_STATUS,
 -- LOG_MAX_LINES, RETENTION; see gpulayer/store/scripts.py) and then this file before each script.
 -- Keys of jobs named only by id are built here with key(); the scripts run on one Redis, not a cluster.
 

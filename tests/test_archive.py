@@ -1,0 +1,273 @@
+"""Folders to archives and back: what ships, what is refused, and what an archive may not do."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from gpulayer import ArchiveError, ArtifactTooLarge, InputNotFound, SourceError
+from gpulayer.archive import (
+    Manifest,
+    extract,
+    inputs_manifest,
+    outputs_manifest,
+    pack_outputs,
+    source_manifest,
+)
+
+BIG = 1 << 30
+
+
+def make(root: Path, files: dict[str, str]) -> Path:
+    """Files under ``root`` by relative path; a path ending in ``/`` is an empty folder."""
+    for name, text in files.items():
+        path = root / name
+        if name.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    return root
+
+
+def round_trip(manifest: Manifest, dest: Path) -> list[Path]:
+    buffer = io.BytesIO()
+    manifest.write(buffer)
+    buffer.seek(0)
+    dest.mkdir()
+    return extract(buffer, dest)
+
+
+# The source folder
+
+
+def test_the_source_skips_git_pycache_and_venv(tmp_path: Path) -> None:
+    src = make(
+        tmp_path, {"main.py": "", ".git/HEAD": "", "pkg/__pycache__/m.pyc": "", ".venv/bin/python": ""}
+    )
+    assert set(source_manifest(src, BIG).members) == {"main.py", "pkg"}
+
+
+def test_a_root_gitignore_applies_to_the_whole_folder(tmp_path: Path) -> None:
+    ignored = ["a.log", "sub/b.log", "build/out.o", "sub/build/x", "secret.txt"]
+    files = dict.fromkeys([*ignored, "sub/secret.txt", "keep.py"], "")
+    src = make(tmp_path, {".gitignore": "*.log\nbuild/\n/secret.txt\n", **files})
+    assert set(source_manifest(src, BIG).members) == {".gitignore", "keep.py", "sub", "sub/secret.txt"}
+
+
+def test_a_nested_gitignore_applies_only_to_its_folder(tmp_path: Path) -> None:
+    ignored = ["sub/a.bin", "sub/deep/b.bin"]
+    kept = ["top.bin", "sub/keep.txt", "other/c.bin", "subway/d.bin"]
+    src = make(tmp_path, {"sub/.gitignore": "*.bin\n", **dict.fromkeys([*ignored, *kept], "")})
+    assert set(source_manifest(src, BIG).members) == {
+        *("sub", "sub/.gitignore", "sub/deep", "other", "subway"),
+        *kept,
+    }
+
+
+def test_empty_folders_are_kept(tmp_path: Path) -> None:
+    src = make(tmp_path, {"empty/": "", "nested/also_empty/": ""})
+    assert set(source_manifest(src, BIG).members) == {"empty", "nested", "nested/also_empty"}
+
+
+def test_the_size_counts_only_what_ships(tmp_path: Path) -> None:
+    src = make(
+        tmp_path, {".gitignore": "*.ckpt\n", "big.ckpt": "x" * 5000, "a.py": "x" * 10, "b/c.py": "x" * 7}
+    )
+    shipped = len("*.ckpt\n") + 10 + 7
+    assert source_manifest(src, max_bytes=shipped).size == shipped
+
+
+def test_a_missing_source_folder_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SourceError) as raised:
+        source_manifest(tmp_path / "nope", BIG)
+    assert str(raised.value) == f"source folder not found: {tmp_path / 'nope'}"
+
+
+def test_a_source_above_the_cap_is_refused(tmp_path: Path) -> None:
+    src = make(tmp_path, {"a.bin": "x" * 1000})
+    assert source_manifest(src, max_bytes=1000).size == 1000
+    with pytest.raises(SourceError, match="above the 999 B cap"):
+        source_manifest(src, max_bytes=999)
+
+
+def test_links_inside_the_folder_are_kept_as_links(tmp_path: Path) -> None:
+    src = make(tmp_path / "src", {"f.txt": "hello", "pkg/m.py": "x" * 100})
+    (src / "link").symlink_to("f.txt")
+    (src / "pkg" / "up").symlink_to("../f.txt")
+    (src / "alias").symlink_to("pkg", target_is_directory=True)
+    manifest = source_manifest(src, BIG)
+    assert set(manifest.members) == {"f.txt", "link", "pkg", "pkg/m.py", "pkg/up", "alias"}
+    assert manifest.size == 105
+    dest = tmp_path / "dest"
+    round_trip(manifest, dest)
+    assert os.readlink(dest / "link") == "f.txt"
+    assert (dest / "pkg" / "up").read_text() == "hello"
+    assert (dest / "alias").is_symlink()
+    assert (dest / "alias" / "m.py").read_text() == "x" * 100
+
+
+def test_links_pointing_outside_the_folder_are_listed_as_skipped(tmp_path: Path) -> None:
+    outside = make(tmp_path / "outside", {"secret": "s"})
+    src = make(tmp_path / "src", {"f.txt": ""})
+    (src / "to_file").symlink_to(outside / "secret")
+    (src / "to_dir").symlink_to("../outside", target_is_directory=True)
+    manifest = source_manifest(src, BIG)
+    assert set(manifest.members) == {"f.txt"}
+    assert sorted(manifest.skipped_links) == ["to_dir", "to_file"]
+
+
+def test_an_absolute_link_to_a_file_inside_the_folder_survives_a_round_trip(tmp_path: Path) -> None:
+    src = make(tmp_path / "src", {"f.txt": "hello"})
+    (src / "link").symlink_to(src / "f.txt")
+    round_trip(source_manifest(src, BIG), tmp_path / "dest")
+    assert (tmp_path / "dest" / "link").read_text() == "hello"
+
+
+# Inputs
+
+
+def test_inputs_land_under_their_base_name(tmp_path: Path) -> None:
+    make(tmp_path, {"a/data.csv": "1,2\n", "b/ds/f1": "xy", "b/ds/sub/f2": "z", "b/ds/empty/": ""})
+    manifest = inputs_manifest([tmp_path / "a" / "data.csv", tmp_path / "b" / "ds"])
+    assert set(manifest.members) == {"data.csv", "ds", "ds/f1", "ds/sub", "ds/sub/f2", "ds/empty"}
+    assert manifest.size == 7
+
+
+def test_a_missing_input_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputNotFound) as raised:
+        inputs_manifest([tmp_path / "nope.csv"])
+    assert str(raised.value) == f"input not found: {tmp_path / 'nope.csv'}"
+
+
+@pytest.mark.parametrize("second", ["b/data", "c/data/"])
+def test_two_inputs_with_the_same_base_name_are_refused(tmp_path: Path, second: str) -> None:
+    make(tmp_path, {"a/data": "", second: ""})
+    with pytest.raises(InputNotFound) as raised:
+        inputs_manifest([tmp_path / "a" / "data", tmp_path / second])
+    assert str(raised.value) == "two inputs are named 'data'; each input keeps its base name"
+
+
+# Outputs
+
+
+def test_output_patterns_match_globs_including_double_star(tmp_path: Path) -> None:
+    make(tmp_path, dict.fromkeys(["model.pt", "logs/a.json", "logs/x/b.json", "logs/x/c.txt", "o.txt"], ""))
+    manifest, missing = outputs_manifest(tmp_path, ["*.pt", "logs/**/*.json"])
+    assert set(manifest.members) == {"model.pt", "logs/a.json", "logs/x/b.json"}
+    assert missing == []
+
+
+def test_patterns_that_match_nothing_are_reported_missing(tmp_path: Path) -> None:
+    make(tmp_path, {"model.pt": ""})
+    _, missing = outputs_manifest(tmp_path, ["model.pt", "*.onnx", "results/"])
+    assert missing == ["*.onnx", "results/"]
+
+
+def test_a_file_matched_by_two_patterns_is_counted_once(tmp_path: Path) -> None:
+    make(tmp_path, {"model.pt": "x" * 10, "out/a.bin": "y" * 5})
+    dest = io.BytesIO()
+    patterns = ["*.pt", "model.pt", "**/*.pt", "out/a.bin", "out"]
+    summary = pack_outputs(tmp_path, patterns, dest, max_bytes=15)
+    assert (summary.files, summary.bytes, summary.missing) == (2, 15, [])
+    dest.seek(0)
+    with tarfile.open(fileobj=dest) as tar:
+        assert sorted(tar.getnames()) == ["model.pt", "out", "out/a.bin"]
+
+
+def test_outputs_above_the_cap_raise_artifact_too_large_and_write_nothing(tmp_path: Path) -> None:
+    make(tmp_path, {"model.pt": "x" * 100})
+    dest = io.BytesIO()
+    with pytest.raises(ArtifactTooLarge, match="outputs hold 100 B, above the 99 B per-job cap"):
+        pack_outputs(tmp_path, ["*.pt"], dest, max_bytes=99)
+    assert dest.getvalue() == b""
+
+
+# Unpacking
+
+
+def test_an_archive_written_by_a_manifest_round_trips(tmp_path: Path) -> None:
+    src = make(tmp_path / "src", {"run.sh": "#!/bin/sh\necho hi\n", "data/x.txt": "ünï", "empty/": ""})
+    (src / "run.sh").chmod(0o755)
+    (src / "data" / "x.txt").chmod(0o644)
+    dest = tmp_path / "dest"
+    written = round_trip(source_manifest(src, BIG), dest)
+    assert sorted(written) == [dest / "data" / "x.txt", dest / "run.sh"]
+    assert (dest / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
+    assert (dest / "data" / "x.txt").read_text() == "ünï"
+    assert (dest / "empty").is_dir()
+    assert (dest / "run.sh").stat().st_mode & stat.S_IXUSR
+    assert not (dest / "data" / "x.txt").stat().st_mode & stat.S_IXUSR
+
+
+def entry(name: str, kind: bytes = tarfile.REGTYPE, linkname: str = "", data: bytes = b"") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.size = kind, linkname, len(data)
+    return info
+
+
+def tar_of(*entries: tarfile.TarInfo) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info in entries:
+            tar.addfile(info, io.BytesIO(b"x" * info.size) if info.isfile() else None)
+    buffer.seek(0)
+    return buffer
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Path:
+    """A folder holding only the destination: anything else that appears in it was written outside."""
+    (tmp_path / "box" / "dest").mkdir(parents=True)
+    return tmp_path / "box"
+
+
+UNSAFE = "unsafe archive entry: "
+OUTSIDE = "would land outside its folder"
+NOT_REGULAR = "is not a file, folder or link"
+UNSAFE_ARCHIVES = {
+    "dotdot": ([entry("../evil", data=b"x")], OUTSIDE),
+    "nested_dotdot": ([entry("a/../../evil", data=b"x")], OUTSIDE),
+    "link_out_absolute": ([entry("esc", tarfile.SYMTYPE, "/"), entry("esc/evil", data=b"x")], UNSAFE),
+    "link_out_relative": ([entry("esc", tarfile.SYMTYPE, ".."), entry("esc/evil", data=b"x")], UNSAFE),
+    "char_device": ([entry("null", tarfile.CHRTYPE)], NOT_REGULAR),
+    "block_device": ([entry("sda", tarfile.BLKTYPE)], NOT_REGULAR),
+    "fifo": ([entry("pipe", tarfile.FIFOTYPE)], NOT_REGULAR),
+    "hard_link": ([entry("f", data=b"x"), entry("h", tarfile.LNKTYPE, "f")], NOT_REGULAR),
+}
+
+
+@pytest.mark.parametrize("case", UNSAFE_ARCHIVES)
+def test_an_unsafe_archive_is_refused_and_nothing_lands_outside(box: Path, case: str) -> None:
+    entries, message = UNSAFE_ARCHIVES[case]
+    with pytest.raises(ArchiveError, match=message):
+        extract(tar_of(*entries), box / "dest")
+    assert list(box.iterdir()) == [box / "dest"]
+
+
+def test_an_absolute_path_lands_nowhere_outside_the_destination(box: Path) -> None:
+    with contextlib.suppress(ArchiveError):
+        extract(tar_of(entry(str(box / "evil"), data=b"x")), box / "dest")
+    assert list(box.iterdir()) == [box / "dest"]
+
+
+def test_an_absolute_path_is_refused(box: Path) -> None:
+    with pytest.raises(ArchiveError):
+        extract(tar_of(entry(str(box / "evil"), data=b"x")), box / "dest")
+
+
+def test_the_paths_extract_returns_are_those_it_wrote(tmp_path: Path) -> None:
+    src = make(tmp_path / "src", {"a.txt": "1", "b/c.txt": "2"})
+    written = round_trip(source_manifest(src, BIG), tmp_path / "dest")
+    assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == ["a.txt", "b/c.txt"]
+
+
+def test_something_that_is_not_an_archive_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ArchiveError, match="not a valid archive"):
+        extract(io.BytesIO(b"not a tar file at all" * 50), tmp_path)
