@@ -13,7 +13,7 @@ def test_stdout_and_stderr_lines_are_kept_in_order_with_their_stream(
     client: Client, workers: Workers
 ) -> None:
     workers.start()
-    job = client.submit(["sh", "-c", "echo one; echo two >&2; sleep 0.1; echo three"])
+    job = client.submit(["sh", "-c", "echo one; sleep 0.1; echo two >&2; sleep 0.1; echo three"])
     job.wait(30)
     assert [(line.stream, line.text) for line in job.logs()] == [
         ("stdout", "one"),

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import redis
 from rq.command import send_stop_job_command
@@ -140,3 +141,11 @@ def test_a_job_record_that_fails_validation_fails_the_job_not_the_worker(
     assert reason.startswith(b"invalid job record: command: ")
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
     assert process.poll() is None
+
+
+def test_a_restart_removes_job_folders_left_behind_and_nothing_else(workers: Workers, tmp_path: Path) -> None:
+    workdir = tmp_path / "work"
+    (workdir / "0123456789ab-1.gljob" / "sub").mkdir(parents=True)
+    (workdir / "notes.txt").write_text("mine")
+    workers.start("w1", 1, "--workdir", str(workdir))
+    assert sorted(path.name for path in workdir.iterdir()) == ["notes.txt"]

@@ -100,7 +100,11 @@ def _start_embedded(
 ) -> local.LocalState:
     """Start the embedded Redis, or keep the one still running; the password and port persist across `up`s."""
     reuse = previous if previous and previous.embedded else None
-    if reuse and local.alive(reuse.redis_pid) and port in (None, reuse.port) and bind in (None, reuse.bind):
+    if reuse and local.alive(reuse.redis_pid):
+        if port not in (None, reuse.port) or bind not in (None, reuse.bind):
+            raise ServerError(
+                f"the embedded Redis runs on {reuse.bind}:{reuse.port}; run `gpulayer down` to change it"
+            )
         return reuse
     password = (_password(reuse.redis_url) if reuse else None) or secrets.token_urlsafe(24)
     port = port or (reuse.port if reuse else None) or free_port()
@@ -108,7 +112,10 @@ def _start_embedded(
     host = "127.0.0.1" if bind in ("0.0.0.0", "::", *_LOOPBACK) else bind
     url = f"redis://:{password}@{host}:{port}/0"
     process = start_redis(home / "redis", port, bind=bind, password=password, durable=True, detach=True)
-    wait_ready(url, process)
+    try:
+        wait_ready(url, process)
+    except ServerError as exc:
+        raise ServerError(f"{exc}; see {home / 'redis' / 'redis.log'}") from None
     return local.LocalState(redis_url=url, embedded=True, port=port, bind=bind, redis_pid=process.pid)
 
 

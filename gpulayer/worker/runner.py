@@ -106,7 +106,7 @@ class JobRunner:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
         finally:
             # Before the job ends: its slot is not free until its folder is gone.
-            shutil.rmtree(self._workdir, ignore_errors=True)
+            _remove(self._workdir)
         if ending is not None:
             self._end(ending, time.monotonic() - started)
 
@@ -143,7 +143,13 @@ class JobRunner:
             stop = self._stop
         if stop is not None:
             self.stop(stop)
-        returncode = self._pump(process)
+        try:
+            returncode = self._pump(process)
+        except BaseException:
+            # The worker cannot follow the job any more (Redis gone, a bug): it must not run on unseen.
+            signal_tree(process.pid, signal.SIGKILL)
+            process.wait()
+            raise
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
@@ -309,6 +315,13 @@ class JobRunner:
 
     def _system(self, text: str) -> None:
         self._store.append_logs(self.claim, [("system", text)])
+
+
+def _remove(folder: Path) -> None:
+    try:
+        folder.rmdir()  # the common case of a job that left nothing behind, at a fraction of rmtree's cost
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _text(raw: bytes) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -44,6 +45,8 @@ log = logging.getLogger("gpulayer.worker")
 WORKER_TTL = 60
 #: Seconds between heartbeats.
 HEARTBEAT_INTERVAL = 5.0
+#: Ends the name of each job folder, so a restart removes those and nothing else in --workdir.
+JOB_FOLDER_SUFFIX = ".gljob"
 #: Longest sleep (s) without looking at the queues, should a wake-up message be lost.
 POLL_INTERVAL = 1.0
 _MAX_BACKOFF = 60.0
@@ -94,6 +97,9 @@ class Worker(BaseWorker):
         """Take over this name at once: a previous process under it (a machine that rebooted) gives
         its jobs back to their queues, and its registration is replaced."""
         moved = self.store.requeue(f"worker {self.display_name} restarted; the job goes back to its queue")
+        # Job folders a previous process under this name left behind belong to jobs it no longer holds.
+        for folder in self.workdir.glob(f"*{JOB_FOLDER_SUFFIX}"):
+            shutil.rmtree(folder, ignore_errors=True)
         if moved:
             log.warning(
                 "worker %s: a previous run held %d job(s); they are back in their queues",
@@ -191,7 +197,7 @@ class Worker(BaseWorker):
             self.store,
             self.artifacts,
             self.settings,
-            self.workdir / f"{job.job_id}-{job.attempt}",
+            self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}",
             self._base_env,
         )
         with self._lock:
