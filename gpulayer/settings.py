@@ -32,7 +32,7 @@ class Settings:
     home: Path = dataclasses.field(default_factory=lambda: Path("~/.gpulayer").expanduser())
     #: The log stream of a job keeps its last this many lines.
     log_max_lines: int = 10_000
-    #: Longer lines are cut to this many bytes.
+    #: Longer lines are split into pieces of this many bytes.
     log_line_max_bytes: int = 16 * 1024
     #: Source folders larger than this (after the ignore rules) are refused at submit.
     max_source_bytes: int = 100 * MiB

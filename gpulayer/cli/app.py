@@ -16,6 +16,7 @@ from ..home import resolve_redis_url
 from ..models import JobRecord, JobState
 from ..settings import Settings
 from ..store.connection import redact
+from ..units import parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
 _URL_KEY = "gpulayer.redis_url"
@@ -44,6 +45,14 @@ class Group(click.Group):
             raise CommandError(f"cannot reach Redis at {url}: {exc}", 1) from None
         except redis.exceptions.RedisError as exc:
             raise CommandError(f"Redis refused the request: {exc}", 1) from None
+
+
+def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """A click callback: seconds from ``90``, ``90s``, ``15m``, ``2h``."""
+    try:
+        return parse_duration(value) if value is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 def redis_url_option(command: F) -> F:

@@ -12,8 +12,7 @@ import click
 from ..client import Job
 from ..errors import WaitTimeout
 from ..models import JobRecord, JobState, LogLine
-from ..units import parse_duration
-from .app import job_exit_code, open_client, redis_url_option
+from .app import duration, job_exit_code, open_client, redis_url_option
 
 #: How long `cancel` waits to report that a running job has stopped.
 _CANCEL_WAIT = 10.0
@@ -27,13 +26,6 @@ def _env_pair(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
             raise click.BadParameter(f"{value!r} is not NAME=VALUE", ctx, param)
         env[name] = setting
     return env
-
-
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    try:
-        return parse_duration(value) if value is not None else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), ctx, param) from None
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
@@ -62,7 +54,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 )
 @click.option(
     "--timeout",
-    callback=_duration,
+    callback=duration,
     metavar="DURATION",
     help="Stop the job after this long (90, 90s, 15m, 2h). Default: no limit.",
 )
@@ -180,7 +172,7 @@ def logs(job_id: str, follow: bool, redis_url: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
-@click.option("--timeout", callback=_duration, metavar="DURATION", help="Give up after this long (exit 75).")
+@click.option("--timeout", callback=duration, metavar="DURATION", help="Give up after this long (exit 75).")
 @redis_url_option
 def wait(job_id: str, timeout: float | None, redis_url: str | None) -> None:
     """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled)."""

@@ -21,7 +21,7 @@ from ..errors import ServerError
 from ..server import free_port, shutdown_redis, start_redis, wait_ready
 from ..settings import Settings
 from ..store.connection import redact
-from .app import redis_url_option
+from .app import duration, redis_url_option
 
 #: How long `up` waits for its worker to register.
 _WORKER_START = 20.0
@@ -52,7 +52,10 @@ def up(
     settings = Settings.from_env(redis_url=redis_url)
     state = local.load(settings.home)
     if state and local.alive(state.worker_pid) and (not state.embedded or local.alive(state.redis_pid)):
-        click.echo("GPUlayer is already up here.")
+        changes = any(option is not None for option in (redis_url, port, bind, name, slots))
+        click.echo(
+            "GPUlayer is already up here" + ("; run `gpulayer down` first to change it." if changes else ".")
+        )
         _summary(state, settings.home)
         return
     if settings.redis_url:
@@ -70,10 +73,11 @@ def up(
 @click.command()
 @click.option(
     "--timeout",
-    type=float,
-    default=30.0,
+    callback=duration,
+    default="30s",
     show_default=True,
-    help="Seconds running jobs get to finish before they are stopped and put back in their queues.",
+    metavar="DURATION",
+    help="How long running jobs get to finish before they are stopped and put back in their queues.",
 )
 def down(timeout: float) -> None:
     """Stop what `gpulayer up` started here: the local worker (letting running jobs finish), then the

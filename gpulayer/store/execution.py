@@ -97,6 +97,10 @@ class ExecutionStore:
         )
         return bool(alive), [job_id.decode() for job_id in cancelled]
 
+    def prune(self, queue_names: Sequence[str], oldest: int = 2000) -> int:
+        """Drop expired jobs' ids from the indexes, looking at the ``oldest`` of each; returns how many."""
+        return int(self._scripts.run("prune", [], [oldest, *queue_names]))
+
     def requeue(self, message: str, job_ids: Sequence[str] = ()) -> int:
         """Give jobs back to the front of their queues (all this worker holds when none are named)."""
         args = [self.rq_name, message, timestamp(), *job_ids]

@@ -29,7 +29,8 @@ class JobStore:
         fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
         fields["gl_spec"] = spec.model_dump_json(exclude_defaults=True)
         fields["gl_attempt"] = 0
-        args: list[object] = [job_id, int(created.timestamp() * 1000), queue_name]
+        # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
+        args: list[object] = [job_id, int(created.timestamp() * 1_000_000), queue_name]
         for pair in fields.items():
             args.extend(pair)
         keys = [self._keys.job(job_id), self._keys.queue(queue_name), self._keys.inputs(job_id)]

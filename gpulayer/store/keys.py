@@ -23,7 +23,7 @@ class Keys:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        #: Sorted set of every job id, scored by creation time (ms).
+        #: Sorted set of every job id, scored by creation time (µs).
         self.jobs = f"{prefix}:jobs"
         #: Channel a submit publishes the queue name on, so idle workers wake at once.
         self.wake = f"{prefix}:wake"
@@ -38,7 +38,7 @@ class Keys:
             "job": Job.redis_job_namespace_prefix + "{}",
             # An RQ queue (a list of job ids), by queue name.
             "queue": Queue.redis_queue_namespace_prefix + "{}",
-            # Sorted set of the ids of jobs in one state, scored by creation time (ms).
+            # Sorted set of the ids of jobs in one state, scored by creation time (µs).
             "jobs_in": f"{prefix}:jobs:{{}}",
             # Stream of a job's log lines, capped at the last ``log_max_lines``.
             "logs": f"{prefix}:logs:{{}}",

@@ -17,7 +17,7 @@ from ..models import JobState
 from ..settings import Settings
 from .keys import Keys
 
-_NAMES = ("submit", "claim", "start", "append_logs", "finish", "cancel", "heartbeat", "requeue")
+_NAMES = ("submit", "claim", "start", "append_logs", "finish", "cancel", "heartbeat", "requeue", "prune")
 
 
 def _lua(value: Any) -> str:

@@ -43,6 +43,8 @@ log = logging.getLogger("gpulayer.worker")
 
 #: The worker's RQ hash lives this long (+60 s, RQ's margin) without a heartbeat.
 WORKER_TTL = 60
+#: Seconds between runs of RQ's registry cleaning and our index pruning.
+MAINTENANCE_INTERVAL = 60
 #: Seconds between heartbeats.
 HEARTBEAT_INTERVAL = 5.0
 #: Ends the name of each job folder, so a restart removes those and nothing else in --workdir.
@@ -74,6 +76,7 @@ class Worker(BaseWorker):
             name=self.keys.rq_worker_name(name),
             connection=connection,
             worker_ttl=WORKER_TTL,
+            maintenance_interval=MAINTENANCE_INTERVAL,
         )
         self.store = ExecutionStore(connection, self.keys, Scripts(connection, self.keys, settings), name)
         self.artifacts = RedisArtifactStore(connection, self.keys)
@@ -136,6 +139,10 @@ class Worker(BaseWorker):
             self._stop_requested = True
         for job_id in cancelled:
             self._stop_job(job_id)
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        self.store.prune(self.queue_names())
 
     def check_for_suspension(self, burst: bool) -> None:
         # The claim script refuses work while suspended, so RQ's check (a round trip) can be rare.

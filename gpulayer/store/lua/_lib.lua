@@ -29,17 +29,19 @@ local function log_line(id, stream, attempt, text)
   redis.call('xadd', key(K.logs, id), 'MAXLEN', LOG_MAX_LINES, '*', 's', stream, 'a', attempt, 'l', text)
 end
 
--- Ends a job in a terminal state: RQ's registries, the done stream waiters block on, and retention.
+-- Ends a job in a terminal state: RQ's registries, the done stream waiters block on, and retention
+-- (the submitter's, kept in RQ's result_ttl field).
 local function end_job(id, jobkey, state, ended_at)
-  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt')
+  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'result_ttl')
+  local retention = tonumber(v[3]) or RETENTION
   set_state(id, jobkey, state)
   redis.call('hset', jobkey, 'ended_at', ended_at)
   redis.call('zrem', key(K.started, v[1]), id .. ':' .. (v[2] or '0'))
   local now = tonumber(redis.call('time')[1])
-  redis.call('zadd', key(K[RQ_STATUS[state]], v[1]), now + RETENTION, id)
+  redis.call('zadd', key(K[RQ_STATUS[state]], v[1]), now + retention, id)
   redis.call('xadd', key(K.done, id), '*', 'state', state)
   redis.call('del', key(K.inputs, id))
   for _, k in ipairs({jobkey, key(K.logs, id), key(K.done, id), key(K.outputs, id)}) do
-    redis.call('expire', k, RETENTION)
+    redis.call('expire', k, retention)
   end
 end

@@ -20,7 +20,7 @@ for i = 3, #KEYS do
     if redis.call('hget', jobkey, 'gl_state') == 'queued' then
       local attempt = redis.call('hincrby', jobkey, 'gl_attempt', 1)
       set_state(id, jobkey, 'scheduled')
-      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'last_heartbeat', ARGV[3])
+      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3])
       redis.call('sadd', KEYS[2], id)
       redis.call('zadd', key(K.started, origin), '+inf', id .. ':' .. attempt)
       out[#out + 1] = id

@@ -9,5 +9,5 @@ if redis.call('hget', KEYS[1], 'gl_cancel') == '1' then
   return 'cancel'
 end
 set_state(ARGV[1], KEYS[1], 'running')
-redis.call('hset', KEYS[1], 'started_at', ARGV[4], 'last_heartbeat', ARGV[4])
+redis.call('hset', KEYS[1], 'started_at', ARGV[4])
 return 'ok'

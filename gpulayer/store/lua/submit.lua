@@ -1,6 +1,6 @@
 -- submit.lua: create a job and queue it, or do nothing if the id is taken.
 -- KEYS[1] the job's hash   KEYS[2] its queue   KEYS[3] its input files (uploaded with a TTL; kept from now on)
--- ARGV[1] job id   ARGV[2] score: creation time in ms   ARGV[3] queue name
+-- ARGV[1] job id   ARGV[2] score: creation time in µs   ARGV[3] queue name
 -- ARGV[4..] field, value pairs of the job's hash
 -- Returns 1, or 0 when a job with this id exists.
 if redis.call('exists', KEYS[1]) == 1 then
