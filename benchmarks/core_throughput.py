@@ -5,7 +5,9 @@ worker processes on this machine. Measured for each:
 
 * submit cost: N submits (enqueues) one after another, before any worker runs, ms per job;
 * throughput: jobs / (last job's end - first job's start), from the job records;
-* submit -> start on an idle worker: one job at a time, p50 and p95 over `--latency-runs`.
+* submit -> start on an idle worker: one job at a time, p50 and p95 over `--latency-runs`;
+* log delay (GPUlayer only; RQ keeps no job output): from a job printing a line to
+  `logs --follow` receiving it, over 100 lines printed 20 ms apart.
 
 Plain RQ runs `rq_tasks.run_command("true")` on its default forking `Worker` and on `SimpleWorker`.
 GPUlayer runs with its default of one slot per core, and with one slot per worker (RQ's concurrency).
@@ -109,6 +111,22 @@ def rq_latency(url: str, runs: int, worker_class: str) -> dict[str, float]:
     return {"p50_ms": median(latencies), "p95_ms": percentile(latencies, 0.95)}
 
 
+def log_delay(url: str, home: Path, lines: int = 100) -> dict[str, float]:
+    """Each line carries the time it was printed; the follower notes when it got it (one clock)."""
+    flush(url)
+    client = Client(url, settings=Settings(home=home))
+    worker = spawn(_gpulayer_worker(url, "logs", 1), env={"GPULAYER_HOME": str(home)})
+    while not client.workers():
+        time.sleep(0.01)
+    script = f"import time\nfor _ in range({lines}):\n    print(time.time())\n    time.sleep(0.02)\n"
+    job = client.submit([python(), "-c", script])
+    delays = [(time.time() - float(line.text)) * 1000 for line in job.logs(follow=True)]
+    _stop(worker)
+    client.close()
+    assert len(delays) == lines
+    return {"p50_ms": median(delays), "p99_ms": percentile(delays, 0.99)}
+
+
 def _gpulayer_worker(url: str, name: str, slots: int, *extra: str) -> list[str]:
     return [python(), "-m", "gpulayer", "worker", "start", "--redis-url", url, "--name", name,
             "--slots", str(slots), "--log-level", "WARNING", *extra]  # fmt: skip
@@ -143,6 +161,7 @@ def main() -> None:
             "rq Worker (fork)": rq_latency(url, args.latency_runs, "rq.worker.Worker"),
             "rq SimpleWorker": rq_latency(url, args.latency_runs, "rq.worker.SimpleWorker"),
         }
+        delay = log_delay(url, home)
     fork = runs["rq Worker (fork), 2 workers"]["jobs_per_s"]
     simple = runs["rq SimpleWorker, 2 workers"]["jobs_per_s"]
     print(f"{args.jobs} jobs running `true`, two worker processes, {cores} CPUs, one Redis")
@@ -153,7 +172,12 @@ def main() -> None:
     print(f"\nsubmit -> start on an idle worker, {args.latency_runs} jobs one at a time:")
     for name, result in latency.items():
         print(f"{name:34} p50 {result['p50_ms']:6.2f} ms   p95 {result['p95_ms']:6.2f} ms")
-    path = save("core_throughput", {"jobs": args.jobs, "throughput": runs, "idle_latency": latency})
+    print(f"\nlog line printed -> received by logs --follow: p50 {delay['p50_ms']:.2f} ms,", end=" ")
+    print(f"p99 {delay['p99_ms']:.2f} ms")
+    path = save(
+        "core_throughput",
+        {"jobs": args.jobs, "throughput": runs, "idle_latency": latency, "log_delay": delay},
+    )
     print(f"\nsaved {path}")
 
 
