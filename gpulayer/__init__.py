@@ -23,9 +23,13 @@ from .errors import (
     RedisUnavailable,
     ServerError,
     SourceError,
+    Unschedulable,
     WaitTimeout,
 )
-from .models import JobRecord, JobSpec, JobState, LogLine, OutputSummary, WorkerInfo
+from .inventory import GPU, Resources, WorkerInfo
+from .models import JobRecord, JobSpec, JobState, LogLine, OutputSummary
+from .placement import Plan, Reason
+from .requirements import Requirements
 from .settings import Settings
 
 try:
@@ -34,6 +38,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
 __all__ = [
+    "GPU",
     "ArchiveError",
     "ArtifactTooLarge",
     "Client",
@@ -50,10 +55,15 @@ __all__ = [
     "LogLine",
     "OutputNotProduced",
     "OutputSummary",
+    "Plan",
+    "Reason",
     "RedisUnavailable",
+    "Requirements",
+    "Resources",
     "ServerError",
     "Settings",
     "SourceError",
+    "Unschedulable",
     "WaitTimeout",
     "WorkerInfo",
     "__version__",

@@ -8,11 +8,22 @@ import shlex
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from . import archive
-from .errors import ArtifactTooLarge, JobNotFinished, JobNotFound, OutputNotProduced, WaitTimeout
+from . import archive, placement
+from .errors import (
+    ArtifactTooLarge,
+    JobNotFinished,
+    JobNotFound,
+    OutputNotProduced,
+    Unschedulable,
+    WaitTimeout,
+)
 from .home import resolve_redis_url
-from .models import JobRecord, JobState, LogLine, WorkerInfo, build_spec
+from .inventory import WorkerInfo
+from .models import JobRecord, JobState, LogLine, build_spec, validated
+from .placement import Plan
+from .requirements import Requirements
 from .settings import Settings
 from .store.artifacts import (
     INPUTS_ARCHIVE,
@@ -67,10 +78,18 @@ class Client:
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
         name: str | None = None,
+        priority: int = 0,
+        fail_if_unschedulable: bool = False,
+        **requirements: Any,
     ) -> Job:
         """Queue ``command`` (a list of arguments, or a string split like a shell would; it runs without
         a shell). ``source`` is a folder shipped and unpacked as the job's working folder; each input
         lands there under its base name; ``outputs`` are paths or globs uploaded when the job ends.
+
+        ``requirements`` are the fields of :class:`Requirements` (``accelerator``, ``gpus``,
+        ``gpu_memory``, ``gpu_name``, ``frameworks``, ``cpus``, ``memory``, ``labels``); sizes may be
+        strings like ``"24GB"``. With ``fail_if_unschedulable``, a job no connected worker could ever
+        run is refused (:class:`Unschedulable`) instead of waiting for one.
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
@@ -87,7 +106,13 @@ class Client:
             outputs=list(outputs),
             source=source_files is not None,
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
+            requirements=requirements,
+            priority=priority,
         )
+        if fail_if_unschedulable:
+            plan = self.plan(spec.requirements)
+            if not plan.schedulable:
+                raise Unschedulable("no connected worker could ever run this job: " + _reasons_text(plan))
         total = input_files.size + (source_files.size if source_files else 0)
         if total > self.settings.max_job_bytes:
             raise ArtifactTooLarge(
@@ -95,14 +120,13 @@ class Client:
                 f"{format_size(self.settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
             )
         uploads = [(SOURCE_ARCHIVE, source_files), (INPUTS_ARCHIVE, input_files if spec.inputs else None)]
-        queue = self.keys.queue_name()
         while True:
             job_id = secrets.token_hex(6)
             try:
                 for archive_name, manifest in uploads:
                     if manifest is not None:
                         self._upload(job_id, archive_name, manifest)
-                created = self._jobs.submit(job_id, spec, queue)
+                created = self._jobs.submit(job_id, spec)
             except BaseException:
                 if not self.redis.exists(self.keys.job(job_id)):
                     self._artifacts.discard_inputs(job_id)
@@ -129,8 +153,13 @@ class Client:
         return self._jobs.list(JobState(state) if state else None, limit)
 
     def workers(self) -> list[WorkerInfo]:
-        """The workers connected now, by name."""
+        """The workers connected now, by name, with what their jobs hold."""
         return self._workers.list()
+
+    def plan(self, requirements: Requirements | None = None, **fields: Any) -> Plan:
+        """Where a job with these requirements would run now, and why not on each other worker;
+        nothing is submitted. Takes a :class:`Requirements` or its fields."""
+        return placement.plan(requirements or validated(Requirements, fields), self.workers())
 
 
 class Job:
@@ -161,6 +190,10 @@ class Job:
         """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends."""
         self.status()
         return self.client._logs.lines(self.id, follow=follow)
+
+    def why(self) -> Plan:
+        """For a queued job: where it would start now, or why each worker cannot run it."""
+        return self.client.plan(self.status().spec.requirements)
 
     def cancel(self) -> bool:
         """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about
@@ -195,3 +228,7 @@ class Job:
         if record.outputs.missing:
             raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
         return written
+
+
+def _reasons_text(plan: Plan) -> str:
+    return "; ".join(f"{r.worker}: {r.reason}" if r.worker else r.reason for r in plan.reasons)

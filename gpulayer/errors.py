@@ -14,6 +14,7 @@ The tree::
     ├── JobNotFound            no job with that id (never existed, or past its retention)
     ├── JobNotFinished         the job has not ended yet, so it has no outputs
     ├── OutputNotProduced      a declared output was not produced by the job
+    ├── Unschedulable          no connected worker could ever run the job
     └── WaitTimeout            a wait ended before the job did
 
 Each carries ``exit_code``, the status the CLI exits with.
@@ -72,6 +73,10 @@ class JobNotFinished(GpulayerError):
 
 class OutputNotProduced(GpulayerError):
     """A declared output was not produced by the job."""
+
+
+class Unschedulable(GpulayerError):
+    """No connected worker could ever run the job."""
 
 
 class WaitTimeout(GpulayerError):

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidJobSpec
+from .requirements import DEFAULT, Requirements
 
+M = TypeVar("M", bound=BaseModel)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the worker for every job; a job cannot set them itself.
 RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT"})
@@ -81,6 +84,14 @@ class JobSpec(BaseModel):
     source: bool = False
     #: Names the inputs take in the job's folder (each input keeps its base name).
     inputs: list[str] = Field(default_factory=list, max_length=4096)
+    #: What the machine that runs it must have; jobs with the same requirements share a queue.
+    requirements: Requirements = DEFAULT
+    #: Higher runs first, within and across queues.
+    priority: int = Field(default=0, ge=-1000, le=1000)
+
+    @property
+    def queue(self) -> QueueSpec:
+        return QueueSpec(requirements=self.requirements, priority=self.priority)
 
     @field_validator("command")
     @classmethod
@@ -116,20 +127,34 @@ class JobSpec(BaseModel):
         return name
 
 
+class QueueSpec(BaseModel):
+    """What every job of one queue asks for: the queue's entry in the registry workers read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requirements: Requirements = DEFAULT
+    priority: int = 0
+
+
 def validation_message(error: ValidationError) -> str:
     """One line from pydantic's report: the first problem, with where it is."""
     first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
+    # A requirement reads as its own name: "gpu_memory", not "requirements.gpu_memory".
+    where = ".".join(str(part) for part in first["loc"]).removeprefix("requirements.")
     message = first["msg"].removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
 
 
-def build_spec(**fields: object) -> JobSpec:
-    """A :class:`JobSpec`, or :class:`InvalidJobSpec` with a one-line reason."""
+def validated(model: type[M], fields: Mapping[str, object]) -> M:
+    """``model`` built from ``fields``, or :class:`InvalidJobSpec` with a one-line reason."""
     try:
-        return JobSpec.model_validate(fields)
+        return model.model_validate(fields)
     except ValidationError as exc:
         raise InvalidJobSpec(f"invalid job: {validation_message(exc)}") from None
+
+
+def build_spec(**fields: object) -> JobSpec:
+    return validated(JobSpec, fields)
 
 
 class OutputSummary(BaseModel):
@@ -159,6 +184,8 @@ class JobRecord(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     outputs: OutputSummary | None
+    #: GPUs it holds (or held), in nvidia-smi numbering on its worker.
+    gpus: list[int] = Field(default_factory=list)
     spec: JobSpec
 
 
@@ -172,18 +199,3 @@ class LogLine(BaseModel):
     attempt: int
     #: When Redis received it.
     time: datetime
-
-
-class WorkerInfo(BaseModel):
-    """A live worker, as it registered itself."""
-
-    name: str
-    host: str
-    pid: int
-    #: RQ's worker state: ``idle``, ``busy``, ``suspended``, ...
-    state: str
-    slots: int
-    #: Jobs it has taken and not yet ended.
-    running: int
-    birth: datetime | None
-    last_heartbeat: datetime | None

@@ -22,7 +22,11 @@ def all_keys(keys: Keys, job_id: str = JOB, worker: str = WORKER) -> dict[str, s
     """Every key and channel name a Keys makes, for one job id and one worker."""
     return {
         "jobs": keys.jobs,
-        "wake": keys.wake,
+        "queues": keys.queues,
+        "new_queue": keys.new_queue,
+        "wake": keys.wake(keys.queue_name()),
+        "gpu": keys.gpu("GPU-8f2c"),
+        "worker_usage": keys.worker_usage(worker),
         "rq_queues": keys.rq_queues,
         "rq_workers": keys.rq_workers,
         "rq_suspended": keys.rq_suspended,
@@ -35,7 +39,7 @@ def all_keys(keys: Keys, job_id: str = JOB, worker: str = WORKER) -> dict[str, s
         "staged_outputs": keys.staged_outputs(job_id, 2),
         "worker_jobs": keys.worker_jobs(worker),
         "queue_name": keys.queue_name(),
-        "queue": keys.queue(keys.queue_name("a100")),
+        "queue": keys.queue(keys.queue_name("a100", priority=5)),
         "rq_worker_name": keys.rq_worker_name(worker),
         "rq_worker": keys.rq_worker(worker),
         "pubsub": keys.pubsub(worker),
@@ -88,6 +92,9 @@ def test_lua_templates_rejoin_to_the_key_python_makes() -> None:
         "inputs": keys.inputs,
         "outputs": keys.outputs,
         "worker_jobs": keys.worker_jobs,
+        "worker_usage": keys.worker_usage,
+        "gpu": keys.gpu,
+        "wake": keys.wake,
         "rq_worker": lambda worker: keys.rq_worker(worker.removeprefix("teamA:")),
         "pubsub": lambda worker: keys.pubsub(worker.removeprefix("teamA:")),
     }
@@ -106,8 +113,9 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
         for name in (
             "K",
             "JOBS",
-            "WAKE",
-            "QUEUE_PREFIX",
+            "QUEUES",
+            "NEW_QUEUE",
+            "PREFIX",
             "RQ_QUEUES",
             "RQ_STATUS",
             "LOG_MAX_LINES",
@@ -115,7 +123,8 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
         )
     ]
     assert 'local JOBS = "teamA:jobs"\n' in text
-    assert 'local WAKE = "teamA:wake"\n' in text
+    assert 'local QUEUES = "teamA:queues"\n' in text
+    assert 'local PREFIX = "teamA:"\n' in text
     assert 'local RQ_QUEUES = "rq:queues"\n' in text
     assert 'inputs = {"teamA:files:", ":in"}' in text
     assert 'scheduled = "started"' in text
@@ -130,13 +139,14 @@ def test_the_prelude_and_every_script_parse_as_lua_51() -> None:
     head = prelude(keys, Settings(prefix="teamA", retention_seconds=456)) + (folder / "_lib.lua").read_text()
     lua = lua51.LuaRuntime()
     probe = (
-        "\nreturn key(K.inputs, ARG), JOBS, WAKE, RQ_QUEUES, RQ_STATUS.cancelled, LOG_MAX_LINES, RETENTION"
+        "\nreturn key(K.inputs, ARG), JOBS, key(K.wake, ARG), RQ_QUEUES,"
+        " RQ_STATUS.cancelled, LOG_MAX_LINES, RETENTION"
     )
     lua.globals().ARG = JOB
     assert lua.execute(head + probe) == (
         keys.inputs(JOB),
         "teamA:jobs",
-        "teamA:wake",
+        keys.wake(JOB),
         "rq:queues",
         "canceled",
         10_000,

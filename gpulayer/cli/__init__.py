@@ -2,10 +2,28 @@
 
 from .app import main
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
+from .placement import plan, resources, why, workers
 from .server import down, up
 from .worker import join, worker
 
-for _command in (up, down, worker, join, submit, list_jobs, status, logs, wait, cancel, outputs):
+_COMMANDS = (
+    up,
+    down,
+    worker,
+    join,
+    workers,
+    resources,
+    submit,
+    plan,
+    list_jobs,
+    status,
+    why,
+    logs,
+    wait,
+    cancel,
+    outputs,
+)
+for _command in _COMMANDS:
     main.add_command(_command)
 
 __all__ = ["main"]

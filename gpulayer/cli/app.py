@@ -55,6 +55,71 @@ def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> f
         raise click.BadParameter(str(exc), ctx, param) from None
 
 
+def key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """A click callback: ``NAME=VALUE`` options (repeatable) as a dict."""
+    pairs = {}
+    for value in values:
+        name, sep, setting = value.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{value!r} is not NAME=VALUE", ctx, param)
+        pairs[name] = setting
+    return pairs
+
+
+def requirement_options(command: F) -> F:
+    """What a job needs from its machine, as `submit` and `plan` take it (the fields of Requirements)."""
+    options = [
+        click.option(
+            "--accelerator",
+            type=click.Choice(["cpu", "cuda", "mps", "any"]),
+            help="The kind of device (default: cpu, or any when --gpus is given).",
+        ),
+        click.option(
+            "--gpus", type=click.IntRange(0, 64), help="GPUs the job needs (default 1 for cuda and mps)."
+        ),
+        click.option(
+            "--gpu-memory", metavar="SIZE", help="Memory each GPU must have, at least (24GB, 40GiB)."
+        ),
+        click.option(
+            "--gpu-name", metavar="PATTERN", help="Regular expression the GPU's name must match (A100|H100)."
+        ),
+        click.option(
+            "--framework",
+            "frameworks",
+            multiple=True,
+            metavar="REQUIREMENT",
+            help="Installed package the job needs, with versions (torch>=2.1); repeatable.",
+        ),
+        click.option(
+            "--cpus", type=click.IntRange(0), help="CPU slots it holds (default 1; 0 for a GPU job)."
+        ),
+        click.option("--memory", metavar="SIZE", help="Memory of the worker it holds while it runs (8GB)."),
+        click.option(
+            "--label",
+            "labels",
+            multiple=True,
+            metavar="KEY=VALUE",
+            callback=key_values,
+            help="Worker label it needs, exactly; repeatable.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+REQUIREMENT_FIELDS = (
+    "accelerator",
+    "gpus",
+    "gpu_memory",
+    "gpu_name",
+    "frameworks",
+    "cpus",
+    "memory",
+    "labels",
+)
+
+
 def redis_url_option(command: F) -> F:
     return click.option(
         "--redis-url",

@@ -6,26 +6,18 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..client import Job
 from ..errors import WaitTimeout
 from ..models import JobRecord, JobState, LogLine
-from .app import duration, job_exit_code, open_client, redis_url_option
+from .app import duration, job_exit_code, key_values, open_client, redis_url_option, requirement_options
+from .placement import print_plan
 
 #: How long `cancel` waits to report that a running job has stopped.
 _CANCEL_WAIT = 10.0
-
-
-def _env_pair(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
-    env = {}
-    for value in values:
-        name, sep, setting = value.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{value!r} is not NAME=VALUE", ctx, param)
-        env[name] = setting
-    return env
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
@@ -49,7 +41,7 @@ def _env_pair(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
     "env",
     multiple=True,
     metavar="NAME=VALUE",
-    callback=_env_pair,
+    callback=key_values,
     help="Environment variable for the job (repeatable).",
 )
 @click.option(
@@ -59,6 +51,15 @@ def _env_pair(ctx: click.Context, param: click.Parameter, values: tuple[str, ...
     help="Stop the job after this long (90, 90s, 15m, 2h). Default: no limit.",
 )
 @click.option("--name", help="A name to recognise the job by.")
+@requirement_options
+@click.option(
+    "--priority", type=click.IntRange(-1000, 1000), default=0, help="Higher runs first (default 0)."
+)
+@click.option(
+    "--fail-if-unschedulable",
+    is_flag=True,
+    help="Refuse the job, submitting nothing, if no connected worker could ever run it.",
+)
 @click.option("--wait", is_flag=True, help="Stream the job's logs and exit with its exit code.")
 @redis_url_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -69,17 +70,29 @@ def submit(
     env: dict[str, str],
     timeout: float | None,
     name: str | None,
+    priority: int,
+    fail_if_unschedulable: bool,
     wait: bool,
     redis_url: str | None,
     command: tuple[str, ...],
+    **requirements: Any,
 ) -> None:
-    """Queue CMD to run on a worker; prints the job id. Put the command after `--`:
+    """Queue CMD to run on a worker that has what it needs; prints the job id. Put CMD after `--`:
 
-    gpulayer submit --source . --output 'results/*.csv' -- python train.py --epochs 3
+    gpulayer submit --gpus 2 --gpu-memory 24GB --source . --output 'results/*' -- python train.py
     """
     client = open_client(redis_url)
     job = client.submit(
-        list(command), source=source, inputs=inputs, outputs=outputs, env=env, timeout=timeout, name=name
+        list(command),
+        source=source,
+        inputs=inputs,
+        outputs=outputs,
+        env=env,
+        timeout=timeout,
+        name=name,
+        priority=priority,
+        fail_if_unschedulable=fail_if_unschedulable,
+        **requirements,
     )
     if not wait:
         click.echo(job.id)
@@ -129,19 +142,26 @@ def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | Non
 @click.option("--json", "as_json", is_flag=True, help="One JSON object.")
 @redis_url_option
 def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
-    """Where a job stands and how it ended."""
-    record = open_client(redis_url).get(job_id).status()
+    """Where a job stands and how it ended; for a queued job, why each worker is not running it."""
+    job = open_client(redis_url).get(job_id)
+    record = job.status()
+    plan = job.why() if record.state is JobState.QUEUED else None
     if as_json:
-        click.echo(json.dumps(_json(record), indent=2))
+        data = _json(record)
+        data["reasons"] = [reason.model_dump() for reason in plan.reasons] if plan else []
+        click.echo(json.dumps(data, indent=2))
         return
     fields = [
         ("id", record.id),
         ("name", record.name),
         ("command", " ".join(record.command)),
+        ("needs", record.spec.requirements.describe()),
+        ("priority", record.spec.priority or None),
         ("state", record.state.value),
         ("exit code", record.exit_code),
         ("reason", record.reason),
         ("worker", record.worker),
+        ("gpus", ",".join(map(str, record.gpus)) or None),
         ("attempt", record.attempt),
         ("queue", record.queue),
         ("created", record.created_at),
@@ -159,6 +179,8 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
                 else value
             )
             click.echo(f"{label + ':':<11} {text}")
+    if plan:
+        print_plan(plan)
 
 
 @click.command()

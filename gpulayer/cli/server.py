@@ -42,17 +42,25 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 )
 @click.option("--name", help="Name of the local worker (default: this host's name).")
 @click.option(
-    "--slots", type=click.IntRange(min=1), help="Jobs the local worker runs at once (default: CPU cores)."
+    "--slots", type=click.IntRange(min=1), help="CPU slots of the local worker (default: CPU cores)."
+)
+@click.option(
+    "--gpus", metavar="INDICES|none", help="GPUs the local worker offers: 0,1 or none (default: all)."
 )
 def up(
-    redis_url: str | None, port: int | None, bind: str | None, name: str | None, slots: int | None
+    redis_url: str | None,
+    port: int | None,
+    bind: str | None,
+    name: str | None,
+    slots: int | None,
+    gpus: str | None,
 ) -> None:
     """Start GPUlayer here: an embedded Redis (unless --redis-url is given) and a local worker, both in the
     background. Prints the `gpulayer join` line that adds another machine."""
     settings = Settings.from_env(redis_url=redis_url)
     state = local.load(settings.home)
     if state and local.alive(state.worker_pid) and (not state.embedded or local.alive(state.redis_pid)):
-        changes = any(option is not None for option in (redis_url, port, bind, name, slots))
+        changes = any(option is not None for option in (redis_url, port, bind, name, slots, gpus))
         click.echo(
             "GPUlayer is already up here" + ("; run `gpulayer down` first to change it." if changes else ".")
         )
@@ -64,7 +72,7 @@ def up(
         state = _start_embedded(settings.home, state, port, bind)
     local.save(settings.home, state)
     state.worker_name = name or socket.gethostname()
-    state.worker_pid = _start_worker(settings.home, state.redis_url, state.worker_name, slots)
+    state.worker_pid = _start_worker(settings.home, state.redis_url, state.worker_name, slots, gpus)
     local.save(settings.home, state)
     click.echo("GPUlayer is up.")
     _summary(state, settings.home)
@@ -127,12 +135,14 @@ def _password(url: str) -> str | None:
     return urlsplit(url).password
 
 
-def _start_worker(home: Path, url: str, name: str, slots: int | None) -> int:
+def _start_worker(home: Path, url: str, name: str, slots: int | None, gpus: str | None) -> int:
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "gpulayer", "worker", "start", "--name", name]
     if slots:
         command += ["--slots", str(slots)]
+    if gpus:
+        command += ["--gpus", gpus]
     with open(logs / "worker.log", "ab") as log_file:
         # The URL travels in the environment, not the command line, where `ps` would show its password.
         process = subprocess.Popen(

@@ -3,26 +3,52 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ..resources import detect
 from ..store.connection import connect
+from ..units import format_size
 from ..worker import Worker
-from .app import redis_url_option, resolve
+from .app import F, key_values, redis_url_option, resolve
+
+log = logging.getLogger("gpulayer.worker")
 
 
-def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
+def _worker_options(command: F) -> F:
     options = [
         click.option(
             "--name",
             help="Worker name (default: this host's name). A restart under the same name takes over at once.",
         ),
-        click.option("--slots", type=click.IntRange(min=1), help="Jobs run at once (default: CPU cores)."),
+        click.option(
+            "--slots",
+            type=click.IntRange(min=1),
+            help="CPU slots: CPU jobs run at once (default: CPU cores). GPU jobs hold GPUs instead.",
+        ),
+        click.option(
+            "--gpus",
+            metavar="INDICES|none",
+            help="GPUs to offer, in nvidia-smi numbering: 0,1 or none (default: all of them).",
+        ),
+        click.option(
+            "--fake-gpus",
+            envvar="GPULAYER_FAKE_GPUS",
+            metavar="JSON",
+            help="Simulated GPUs to offer instead of real ones, for tests: "
+            '[{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}].',
+        ),
+        click.option(
+            "--label",
+            "labels",
+            multiple=True,
+            metavar="KEY=VALUE",
+            callback=key_values,
+            help="A label jobs can ask for with --label; repeatable.",
+        ),
         click.option("--burst", is_flag=True, help="Exit once the queues are empty and running jobs ended."),
         click.option(
             "--workdir",
@@ -41,25 +67,32 @@ def _worker_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def run_worker(
-    redis_url: str | None,
-    name: str | None,
-    slots: int | None,
-    burst: bool,
-    workdir: Path | None,
-    log_level: str,
-) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
+    level = options["log_level"].upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     settings, url = resolve(redis_url)
-    connection = connect(url)
+    name = options["name"] or socket.gethostname()
+    found = detect(fake_gpus=options["fake_gpus"], gpus=options["gpus"], owner=name)
     worker = Worker(
-        connection,
+        connect(url),
         settings,
-        name=name or socket.gethostname(),
-        slots=slots or os.cpu_count() or 1,
-        workdir=workdir,
+        name=name,
+        slots=options["slots"] or found.cpus,
+        memory=found.memory,
+        gpus=found.gpus,
+        labels=options["labels"],
+        frameworks=found.frameworks,
+        workdir=options["workdir"],
     )
-    worker.work(burst=burst, logging_level=log_level.upper())
+    gpus = ", ".join(f"{g.index} {g.name}" + (" (simulated)" if g.simulated else "") for g in found.gpus)
+    log.info(
+        "worker %s offers %d CPU slots, %s of memory, GPUs: %s",
+        name,
+        worker.offer.slots,
+        format_size(worker.offer.memory),
+        gpus or f"none ({found.nvml})",
+    )
+    worker.work(burst=options["burst"], logging_level=level)
 
 
 @click.group()
@@ -70,24 +103,15 @@ def worker() -> None:
 @worker.command()
 @redis_url_option
 @_worker_options
-def start(
-    redis_url: str | None,
-    name: str | None,
-    slots: int | None,
-    burst: bool,
-    workdir: Path | None,
-    log_level: str,
-) -> None:
-    """Run a worker in the foreground: it takes jobs until stopped. SIGTERM or Ctrl+C lets running jobs
-    finish; a second one stops them and puts them back in their queues."""
-    run_worker(redis_url, name, slots, burst, workdir, log_level)
+def start(redis_url: str | None, **options: Any) -> None:
+    """Run a worker in the foreground: it takes jobs it can run until stopped. SIGTERM or Ctrl+C lets
+    running jobs finish; a second one stops them and puts them back in their queues."""
+    run_worker(redis_url, options)
 
 
 @click.command()
 @click.argument("redis_url", metavar="REDIS_URL")
 @_worker_options
-def join(
-    redis_url: str, name: str | None, slots: int | None, burst: bool, workdir: Path | None, log_level: str
-) -> None:
+def join(redis_url: str, **options: Any) -> None:
     """Add this machine to an installation: run a worker against its Redis (the line `gpulayer up` prints)."""
-    run_worker(redis_url, name, slots, burst, workdir, log_level)
+    run_worker(redis_url, options)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from redis import Redis
 
-from ..models import JobState, OutputSummary
+from ..models import JobState, OutputSummary, QueueSpec
 from .keys import Keys
 from .rq_jobs import timestamp
 from .scripts import Scripts
@@ -19,12 +20,31 @@ from .scripts import Scripts
 
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """A job this worker took: which attempt it is, and the spec as stored."""
+    """A job this worker took: which attempt it is, the spec as stored, and the GPUs it holds."""
 
     job_id: str
     attempt: int
     spec_json: bytes
     queue: str
+    #: Indices (nvidia-smi numbering) of the GPUs reserved for it on this worker.
+    gpus: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueOffer:
+    """One queue a worker serves, as the claim script needs it: what each of its jobs takes, and
+    which of the worker's GPUs may serve it, best first."""
+
+    name: str
+    gpus: int
+    cpus: int
+    memory: int
+    #: (uuid, index) of each GPU a job of this queue may use.
+    eligible: tuple[tuple[str, int], ...] = ()
+
+    def args(self) -> list[object]:
+        eligible = ",".join(f"{uuid}={index}" for uuid, index in self.eligible)
+        return [self.name, self.gpus, self.cpus, self.memory, eligible]
 
 
 class ExecutionStore:
@@ -36,15 +56,31 @@ class ExecutionStore:
         self.rq_name = keys.rq_worker_name(worker)
         self._jobs_key = keys.worker_jobs(worker)
         self._worker_key = keys.rq_worker(worker)
+        self._usage_key = keys.worker_usage(worker)
 
-    def claim(self, queue_names: Sequence[str], limit: int) -> list[Claim]:
-        """Take up to ``limit`` queued jobs, serving the queues in the order given."""
-        keys = [self._keys.rq_suspended, self._jobs_key, *(self._keys.queue(q) for q in queue_names)]
-        flat = self._scripts.run("claim", keys, [limit, self.rq_name, timestamp()])
+    def claim(self, queues: Sequence[QueueOffer], limit: int, slots: int, memory: int) -> list[Claim]:
+        """Take up to ``limit`` queued jobs that fit in what is free of ``slots`` CPU slots, ``memory``
+        bytes and the GPUs, serving the queues in the order given."""
+        keys = [self._keys.rq_suspended, self._jobs_key, self._usage_key]
+        args: list[object] = [limit, self.rq_name, timestamp(), slots, memory]
+        for queue in queues:
+            args.extend(queue.args())
+        flat = self._scripts.run("claim", keys, args)
         return [
-            Claim(flat[i].decode(), int(flat[i + 1]), flat[i + 2], flat[i + 3].decode())
-            for i in range(0, len(flat), 4)
+            Claim(
+                flat[i].decode(),
+                int(flat[i + 1]),
+                flat[i + 2],
+                flat[i + 3].decode(),
+                tuple(int(index) for index in flat[i + 4].decode().split(",") if index),
+            )
+            for i in range(0, len(flat), 5)
         ]
+
+    def queue_registry(self) -> dict[str, QueueSpec]:
+        """Every queue that has had a job, with what its jobs ask for."""
+        raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.queues))
+        return {name.decode(): QueueSpec.model_validate_json(spec) for name, spec in raw.items()}
 
     def start(self, claim: Claim) -> str:
         """'ok': the job is now running; 'cancel': it was cancelled meanwhile; 'stale': it is not ours."""

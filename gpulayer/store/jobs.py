@@ -23,14 +23,21 @@ class JobStore:
         self._scripts = scripts
         self._retention = settings.retention_seconds
 
-    def submit(self, job_id: str, spec: JobSpec, queue_name: str) -> bool:
+    def submit(self, job_id: str, spec: JobSpec) -> bool:
         """Create the job and queue it, with its uploaded files kept from now on; False if the id is taken."""
+        queue = spec.queue
+        queue_name = self._keys.queue_for(queue)
         created = now()
         fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
         fields["gl_spec"] = spec.model_dump_json(exclude_defaults=True)
         fields["gl_attempt"] = 0
         # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
-        args: list[object] = [job_id, int(created.timestamp() * 1_000_000), queue_name]
+        args: list[object] = [
+            job_id,
+            int(created.timestamp() * 1_000_000),
+            queue_name,
+            queue.model_dump_json(),
+        ]
         for pair in fields.items():
             args.extend(pair)
         keys = [self._keys.job(job_id), self._keys.queue(queue_name), self._keys.inputs(job_id)]
@@ -104,5 +111,6 @@ class JobStore:
             started_at=parse_timestamp(raw.get(b"started_at")),
             ended_at=parse_timestamp(raw.get(b"ended_at")),
             outputs=OutputSummary.model_validate_json(outputs) if outputs else None,
+            gpus=[int(index) for index in (text("gl_gpus") or "").split(",") if index],
             spec=spec,
         )

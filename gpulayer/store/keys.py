@@ -14,6 +14,8 @@ from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegis
 from rq.suspension import WORKERS_SUSPENDED
 from rq.worker import BaseWorker
 
+from ..models import QueueSpec
+
 #: The requirement set of a job that asks for nothing in particular.
 DEFAULT_CAPABILITY = "default"
 
@@ -25,8 +27,11 @@ class Keys:
         self.prefix = prefix
         #: Sorted set of every job id, scored by creation time (µs).
         self.jobs = f"{prefix}:jobs"
-        #: Channel a submit publishes the queue name on, so idle workers wake at once.
-        self.wake = f"{prefix}:wake"
+        #: Hash of every queue's requirements and priority (JSON), by queue name: what workers read to
+        #: decide which queues they serve.
+        self.queues = f"{prefix}:queues"
+        #: Channel the name of a queue is published on when its first job arrives.
+        self.new_queue = f"{prefix}:queues:new"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.
@@ -50,6 +55,13 @@ class Keys:
             "outputs": f"{prefix}:files:{{}}:out",
             # Set of the ids of jobs a worker has taken and not ended, by worker name.
             "worker_jobs": f"{prefix}:worker:{{}}:jobs",
+            # Hash of what a worker's running jobs hold (cpus, memory), by worker name.
+            "worker_usage": f"{prefix}:worker:{{}}:usage",
+            # The id of the job holding a GPU, by GPU UUID: one key per device, so no two jobs (nor two
+            # workers offering the same device) can ever hold one GPU.
+            "gpu": f"{prefix}:gpu:{{}}",
+            # Channel a submit publishes on, by queue name, so the idle workers serving it wake at once.
+            "wake": f"{prefix}:wake:{{}}",
             # RQ's worker hash and command channel, by RQ worker name (see rq_worker_name).
             "rq_worker": BaseWorker.redis_worker_namespace_prefix + "{}",
             "pubsub": PUBSUB_CHANNEL_TEMPLATE % "{}",
@@ -88,13 +100,26 @@ class Keys:
     def worker_jobs(self, worker: str) -> str:
         return self._key("worker_jobs", worker)
 
-    def queue_name(self, capability: str = DEFAULT_CAPABILITY) -> str:
-        """The RQ queue name for jobs of one requirement set."""
-        return f"{self.prefix}:{capability}"
+    def worker_usage(self, worker: str) -> str:
+        return self._key("worker_usage", worker)
+
+    def gpu(self, uuid: str) -> str:
+        return self._key("gpu", uuid)
+
+    def wake(self, queue_name: str) -> str:
+        return self._key("wake", queue_name)
+
+    def queue_name(self, capability: str = DEFAULT_CAPABILITY, priority: int = 0) -> str:
+        """The RQ queue name for jobs of one requirement set and priority."""
+        return f"{self.prefix}:{capability}" + (f":p{priority}" if priority else "")
 
     def owns_queue(self, queue_name: str) -> bool:
         """Whether a queue is this installation's: job hashes are RQ's, shared by every prefix."""
         return queue_name.startswith(self.queue_name(""))
+
+    def queue_for(self, spec: QueueSpec) -> str:
+        """The queue of jobs with these requirements and priority."""
+        return self.queue_name(spec.requirements.capability, spec.priority)
 
     def queue(self, queue_name: str) -> str:
         return self._key("queue", queue_name)

@@ -33,8 +33,9 @@ def prelude(keys: Keys, settings: Settings) -> str:
     constants = {
         "K": keys.lua_templates(),
         "JOBS": keys.jobs,
-        "WAKE": keys.wake,
-        "QUEUE_PREFIX": keys.queue_name(""),
+        "QUEUES": keys.queues,
+        "NEW_QUEUE": keys.new_queue,
+        "PREFIX": keys.queue_name(""),
         "RQ_QUEUES": keys.rq_queues,
         "RQ_STATUS": {state.value: state.rq_status for state in JobState},
         "LOG_MAX_LINES": settings.log_max_lines,

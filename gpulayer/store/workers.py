@@ -1,4 +1,4 @@
-"""Workers as registered in RQ's worker hashes, read back for listing."""
+"""Workers as registered in RQ's worker hashes, with what their running jobs hold now."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import cast
 
 from redis import Redis
 
-from ..models import WorkerInfo
+from ..inventory import Offer, WorkerInfo
 from .keys import Keys
 from .rq_jobs import parse_timestamp
 
@@ -17,7 +17,8 @@ class WorkerStore:
         self._keys = keys
 
     def list(self) -> list[WorkerInfo]:
-        """This installation's live workers (RQ's registry holds every installation's), by name."""
+        """This installation's live workers (RQ's registry holds every installation's), by name.
+        Two round trips whatever the number of workers."""
         prefix = self._keys.rq_worker("")
         worker_keys = sorted(
             k.decode() for k in cast(set[bytes], self._redis.smembers(self._keys.rq_workers))
@@ -26,22 +27,33 @@ class WorkerStore:
         pipe = self._redis.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(self._keys.rq_worker(name))
+            pipe.hgetall(self._keys.worker_usage(name))
             pipe.scard(self._keys.worker_jobs(name))
         replies = pipe.execute()
         workers = []
-        for name, raw, running in zip(names, replies[::2], replies[1::2], strict=True):
-            if not raw or b"death" in raw or b"gl_name" not in raw:
+        for name, raw, usage, running in zip(names, replies[::3], replies[1::3], replies[2::3], strict=True):
+            if not raw or b"death" in raw or b"gl_offer" not in raw:
                 continue
             workers.append(
                 WorkerInfo(
+                    **Offer.model_validate_json(raw[b"gl_offer"]).model_dump(),
                     name=name,
                     host=raw.get(b"hostname", b"").decode(),
                     pid=int(raw.get(b"pid", 0)),
                     state=raw.get(b"state", b"?").decode(),
-                    slots=int(raw.get(b"gl_slots", 0)),
-                    running=int(running),
                     birth=parse_timestamp(raw.get(b"birth")),
                     last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
+                    running=int(running),
+                    cpus_used=int(usage.get(b"cpus", 0)),
+                    memory_used=int(usage.get(b"memory", 0)),
                 )
             )
+        uuids = [gpu.uuid for worker in workers for gpu in worker.gpus]
+        holders = (
+            dict(zip(uuids, self._redis.mget([self._keys.gpu(uuid) for uuid in uuids]), strict=True))
+            if uuids
+            else {}
+        )
+        for worker in workers:
+            worker.gpus_busy = [gpu.uuid for gpu in worker.gpus if holders.get(gpu.uuid)]
         return workers

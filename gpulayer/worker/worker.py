@@ -1,10 +1,14 @@
-"""The GPUlayer worker: an RQ worker that runs several command jobs at once, one per slot.
+"""The GPUlayer worker: an RQ worker that runs several command jobs at once, each with the GPUs,
+CPU slots and memory it asked for.
 
-RQ's ``work()`` loop, registration, suspension, maintenance, signal handling and pub/sub commands
+RQ's ``work()`` loop, registration, suspension, maintenance, signal handling and command channel
 are used as they are. What changes:
 
-* ``dequeue_job_and_maintain_ttl`` claims jobs with one Lua script (atomic across queues, never more
-  than there are free slots) and sleeps until a submit or a freed slot wakes it, not on BLPOP;
+* the queues: the worker serves exactly the queues whose requirements it could ever meet, and picks
+  up a new requirement set as soon as its first job is submitted;
+* ``dequeue_job_and_maintain_ttl`` claims with one Lua script that reserves each job's GPUs and slots
+  as it pops it (atomic across queues; never more than fits), and sleeps until a submit or a freed
+  slot wakes it, not on BLPOP;
 * ``execute_job`` hands the job to a slot thread and returns, so several jobs run at once;
 * ``register_birth`` takes over a name whose previous process died, giving its jobs back at once;
 * a warm shutdown waits for running jobs; a cold one stops them and puts them back in their queues.
@@ -27,16 +31,20 @@ from typing import Any
 import redis.exceptions
 from pydantic import ValidationError
 from redis import Redis
+from rq import worker_registration
 from rq.command import parse_payload
 from rq.queue import Queue
 from rq.worker import BaseWorker, WorkerStatus
 
+from ..inventory import GPU, Offer, WorkerInfo
 from ..models import JobSpec, JobState, validation_message
 from ..settings import Settings
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
 from ..store.keys import Keys
 from ..store.scripts import Scripts
+from .listener import Listener
+from .queues import ServedQueues
 from .runner import JobRunner, StopReason
 
 log = logging.getLogger("gpulayer.worker")
@@ -51,11 +59,16 @@ HEARTBEAT_INTERVAL = 5.0
 JOB_FOLDER_SUFFIX = ".gljob"
 #: Longest sleep (s) without looking at the queues, should a wake-up message be lost.
 POLL_INTERVAL = 1.0
+#: Seconds between full reads of the queue registry (new queues are also announced at once).
+REFRESH_INTERVAL = 5.0
+#: Woken by a submit while busy, a worker waits this long times how busy it is (0 to 1) before it
+#: claims, so a less busy worker that fits takes the job first (spread).
+SPREAD_DELAY = 0.02
 _MAX_BACKOFF = 60.0
 
 
 class Worker(BaseWorker):
-    """Runs up to ``slots`` jobs at once from this installation's queues."""
+    """Offers ``slots`` CPU slots, ``memory`` bytes and ``gpus`` to this installation's jobs."""
 
     def __init__(
         self,
@@ -64,20 +77,33 @@ class Worker(BaseWorker):
         *,
         name: str,
         slots: int,
+        memory: int,
+        gpus: list[GPU] | None = None,
+        labels: dict[str, str] | None = None,
+        frameworks: dict[str, str] | None = None,
         workdir: Path | None = None,
     ) -> None:
         self.keys = Keys(settings.prefix)
         self.settings = settings
         self.display_name = name
-        self.slots = slots
+        self.offer = Offer(
+            slots=slots, memory=memory, gpus=gpus or [], labels=labels or {}, frameworks=frameworks or {}
+        )
         self.incarnation = uuid.uuid4().hex
         super().__init__(
-            queues=[self.keys.queue_name()],
+            queues=[],
             name=self.keys.rq_worker_name(name),
             connection=connection,
             worker_ttl=WORKER_TTL,
             maintenance_interval=MAINTENANCE_INTERVAL,
         )
+        me = WorkerInfo(
+            **self.offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state=""
+        )
+        self._served = ServedQueues(me)
+        self._next_refresh = 0.0
+        self._listener: Listener | None = None
+        self._submitted = False
         self.store = ExecutionStore(connection, self.keys, Scripts(connection, self.keys, settings), name)
         self.artifacts = RedisArtifactStore(connection, self.keys)
         self.workdir = workdir or settings.home / "work" / name
@@ -86,14 +112,18 @@ class Worker(BaseWorker):
         self._claimed: deque[Claim] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="gpulayer-slot")
+        #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
+        self.capacity = slots + len(self.offer.gpus)
+        self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_heartbeat = 0.0
         self._next_suspension_check = 0.0
 
     # --- registration --------------------------------------------------------------------------
     def serialize(self) -> dict[str, Any]:
         fields: dict[str, Any] = super().serialize()
-        fields.update(gl_incarnation=self.incarnation, gl_name=self.display_name, gl_slots=self.slots)
+        fields.update(
+            gl_incarnation=self.incarnation, gl_name=self.display_name, gl_offer=self.offer.model_dump_json()
+        )
         return fields
 
     def register_birth(self) -> None:
@@ -113,14 +143,39 @@ class Worker(BaseWorker):
         super().register_birth()  # type: ignore[no-untyped-call]
 
     def subscribe(self) -> None:
-        """RQ's command channel (stop-job, shutdown), and the channel submits wake idle workers on."""
-        self.pubsub = self.connection.pubsub()  # type: ignore[no-untyped-call]
-        self.pubsub.subscribe(
-            **{self.pubsub_channel_name: self.handle_payload, self.keys.wake: self._on_wake}
-        )
-        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]
-            sleep_time=60, daemon=True, exception_handler=self._pubsub_exception_handler
-        )
+        """RQ's command channel (stop-job, shutdown), the channel new queues are announced on, and
+        the wake-up channel of each served queue (kept current by :meth:`_refresh_queues`)."""
+        self._listener = Listener(self.connection, self._channels())
+        self._listener.start()
+        self._refresh_queues()
+
+    def unsubscribe(self) -> None:
+        if self._listener is not None:
+            self._listener.stop()
+
+    def _channels(self) -> dict[str, Any]:
+        channels: dict[str, Any] = {
+            self.pubsub_channel_name: self.handle_payload,
+            self.keys.new_queue: self._on_new_queue,
+        }
+        channels.update({self.keys.wake(name): self._on_wake for name in self._served.names})
+        return channels
+
+    def _refresh_queues(self) -> None:
+        """Serve each new queue whose requirements this worker could ever meet."""
+        self._next_refresh = time.monotonic() + REFRESH_INTERVAL
+        if not self._served.update(self.store.queue_registry()):
+            return
+        self.queues = [self.queue_class(name, connection=self.connection) for name in self._served.names]
+        self._ordered_queues = self.queues[:]
+        # RQ's own view: `rq info` lists the worker under each queue it serves.
+        with self.connection.pipeline() as pipe:
+            worker_registration.register(self, pipe)
+            pipe.hset(self.key, "queues", ",".join(self._served.names))
+            pipe.execute()
+        if self._listener is not None:
+            self._listener.set_channels(self._channels())
+        log.info("worker %s: serving %s", self.display_name, ", ".join(self._served.names))
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         """At most every HEARTBEAT_INTERVAL: renew the registration, stop jobs whose cancel arrived
@@ -163,14 +218,24 @@ class Worker(BaseWorker):
             try:
                 self.heartbeat()
                 if self._claimed:
-                    return self._claimed.popleft(), self.queues[0]
+                    claim = self._claimed.popleft()
+                    return claim, self.queue_class(claim.queue, connection=self.connection)
+                if time.monotonic() >= self._next_refresh:
+                    self._refresh_queues()
                 with self._lock:
-                    free = self.slots - len(self._runners)
-                if not self._runners and self.get_state() == WorkerStatus.BUSY:
+                    running = len(self._runners)
+                free = self.capacity - running
+                if not running and self.get_state() != WorkerStatus.IDLE:
                     self.set_state(WorkerStatus.IDLE)
                 if free > 0:
+                    if self._submitted and running:
+                        time.sleep(SPREAD_DELAY * running / self.capacity)
+                    self._submitted = False
                     self._wake.clear()
-                    self._claimed.extend(self.store.claim(self.queue_names(), free))
+                    offer = self.offer
+                    self._claimed.extend(
+                        self.store.claim(self._served.claim_order(), free, offer.slots, offer.memory)
+                    )
                     backoff = 1.0
                     if self._claimed:
                         continue
@@ -205,7 +270,7 @@ class Worker(BaseWorker):
             self.artifacts,
             self.settings,
             self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}",
-            self._base_env,
+            {**self._base_env, **self._gpu_env(job)},
         )
         with self._lock:
             self._runners[job.job_id] = runner
@@ -213,6 +278,12 @@ class Worker(BaseWorker):
             self.set_state(WorkerStatus.BUSY)
         log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
         self._pool.submit(self._run_in_slot, runner)
+
+    def _gpu_env(self, job: Claim) -> dict[str, str]:
+        """The job sees exactly its reserved GPUs, numbered as nvidia-smi does; no GPU, no CUDA device."""
+        kinds = {gpu.index: gpu.kind for gpu in self.offer.gpus}
+        cuda = [str(index) for index in job.gpus if kinds.get(index) == "cuda"]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(cuda), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def _run_in_slot(self, runner: JobRunner) -> None:
         try:
@@ -244,6 +315,12 @@ class Worker(BaseWorker):
             super().handle_payload(message)  # type: ignore[no-untyped-call]
 
     def _on_wake(self, message: dict[Any, Any]) -> None:
+        self._submitted = True
+        self._wake.set()
+
+    def _on_new_queue(self, message: dict[Any, Any]) -> None:
+        self._next_refresh = 0.0
+        self._submitted = True
         self._wake.set()
 
     def _stop_job(self, job_id: str) -> None:

@@ -1,5 +1,5 @@
--- Shared by every script: the loader puts the prelude (K, JOBS, WAKE, QUEUE_PREFIX, RQ_QUEUES, RQ_STATUS,
--- LOG_MAX_LINES, RETENTION; see gpulayer/store/scripts.py) and then this file before each script.
+-- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, NEW_QUEUE, PREFIX, RQ_QUEUES,
+-- RQ_STATUS, LOG_MAX_LINES, RETENTION; see gpulayer/store/scripts.py) and then this file before each script.
 -- Keys of jobs named only by id are built here with key(); the scripts run on one Redis, not a cluster.
 
 local function key(template, value)
@@ -29,11 +29,33 @@ local function log_line(id, stream, attempt, text)
   redis.call('xadd', key(K.logs, id), 'MAXLEN', LOG_MAX_LINES, '*', 's', stream, 'a', attempt, 'l', text)
 end
 
+-- Gives back what a job holds on its worker: its GPUs (only those it still holds) and its CPU slots
+-- and memory. Called once per claim: the fields are cleared so a second call does nothing.
+local function release(id, jobkey)
+  local v = redis.call('hmget', jobkey, 'gl_gpu_uuids', 'gl_cpus', 'gl_memory', 'worker_name')
+  for uuid in string.gmatch(v[1] or '', '[^,]+') do
+    if redis.call('get', key(K.gpu, uuid)) == id then
+      redis.call('del', key(K.gpu, uuid))
+    end
+  end
+  if v[4] and v[4] ~= '' then
+    local usage = key(K.worker_usage, string.sub(v[4], #PREFIX + 1))
+    -- Amounts stay strings: Lua numbers print large values in exponent form, which HINCRBY refuses.
+    for field, amount in pairs({cpus = v[2], memory = v[3]}) do
+      if amount and amount ~= '0' then
+        redis.call('hincrby', usage, field, '-' .. amount)
+      end
+    end
+  end
+  redis.call('hdel', jobkey, 'gl_gpu_uuids', 'gl_cpus', 'gl_memory')
+end
+
 -- Ends a job in a terminal state: RQ's registries, the done stream waiters block on, and retention
 -- (the submitter's, kept in RQ's result_ttl field).
 local function end_job(id, jobkey, state, ended_at)
   local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'result_ttl')
   local retention = tonumber(v[3]) or RETENTION
+  release(id, jobkey)
   set_state(id, jobkey, state)
   redis.call('hset', jobkey, 'ended_at', ended_at)
   redis.call('zrem', key(K.started, v[1]), id .. ':' .. (v[2] or '0'))

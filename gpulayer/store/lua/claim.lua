@@ -1,32 +1,64 @@
 -- claim.lua: take up to N queued jobs from a worker's queues, in the order given, in one atomic step:
--- popped from the queue and recorded as scheduled on this worker together, so no crash loses a job.
--- KEYS[1] rq:suspended   KEYS[2] the worker's set of jobs   KEYS[3..] queues, in the order to serve them
--- ARGV[1] N   ARGV[2] worker (RQ name)   ARGV[3] now (RQ timestamp)
--- Returns a flat list: id, attempt, spec JSON, queue name, for each claimed job.
--- Ids whose job is gone or no longer queued are dropped from the queue and skipped.
+-- each job is popped from its queue, gets the GPUs, CPU slots and memory it needs on this worker, and
+-- is recorded as scheduled there, together, so no crash loses a job and no two jobs hold one GPU.
+-- KEYS[1] rq:suspended   KEYS[2] the worker's set of jobs   KEYS[3] the worker's usage hash
+-- ARGV[1] N   ARGV[2] worker (RQ name)   ARGV[3] now (RQ timestamp)   ARGV[4] CPU slots   ARGV[5] memory
+-- ARGV[6..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
+--           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
+-- Returns a flat list: id, attempt, spec JSON, queue name, GPU indices ("0,2"), for each claimed job.
+-- A queue whose next job does not fit now is passed over; ids whose job is gone or not queued are dropped.
 if redis.call('exists', KEYS[1]) == 1 then
   return {}
 end
 local want = tonumber(ARGV[1])
+local used = redis.call('hmget', KEYS[3], 'cpus', 'memory')
+local cpus_used, memory_used = tonumber(used[1]) or 0, tonumber(used[2]) or 0
+local cpus_total, memory_total = tonumber(ARGV[4]), tonumber(ARGV[5])
 local out = {}
-for i = 3, #KEYS do
-  local origin = string.sub(KEYS[i], #K.queue[1] + 1)
-  while want > 0 do
-    local id = redis.call('lpop', KEYS[i])
+for q = 6, #ARGV, 5 do
+  local queue = ARGV[q]
+  local gpus, cpus, memory = tonumber(ARGV[q + 1]), tonumber(ARGV[q + 2]), tonumber(ARGV[q + 3])
+  while want > 0 and cpus_used + cpus <= cpus_total and memory_used + memory <= memory_total do
+    local free_uuids, free_indices = {}, {}
+    if gpus > 0 then
+      for uuid, index in string.gmatch(ARGV[q + 4], '([^,=]+)=(%d+)') do
+        if redis.call('exists', key(K.gpu, uuid)) == 0 then
+          free_uuids[#free_uuids + 1] = uuid
+          free_indices[#free_indices + 1] = index
+          if #free_uuids == gpus then
+            break
+          end
+        end
+      end
+      if #free_uuids < gpus then
+        break
+      end
+    end
+    local id = redis.call('lpop', key(K.queue, queue))
     if not id then
       break
     end
     local jobkey = key(K.job, id)
     if redis.call('hget', jobkey, 'gl_state') == 'queued' then
       local attempt = redis.call('hincrby', jobkey, 'gl_attempt', 1)
+      for _, uuid in ipairs(free_uuids) do
+        redis.call('set', key(K.gpu, uuid), id)
+      end
+      cpus_used, memory_used = cpus_used + cpus, memory_used + memory
+      redis.call('hincrby', KEYS[3], 'cpus', ARGV[q + 2])
+      redis.call('hincrby', KEYS[3], 'memory', ARGV[q + 3])
+      table.sort(free_indices, function(a, b) return tonumber(a) < tonumber(b) end)
+      local indices = table.concat(free_indices, ',')
       set_state(id, jobkey, 'scheduled')
-      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3])
+      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'gl_gpus', indices,
+        'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3])
       redis.call('sadd', KEYS[2], id)
-      redis.call('zadd', key(K.started, origin), '+inf', id .. ':' .. attempt)
+      redis.call('zadd', key(K.started, queue), '+inf', id .. ':' .. attempt)
       out[#out + 1] = id
       out[#out + 1] = attempt
       out[#out + 1] = redis.call('hget', jobkey, 'gl_spec')
-      out[#out + 1] = origin
+      out[#out + 1] = queue
+      out[#out + 1] = indices
       want = want - 1
     end
   end

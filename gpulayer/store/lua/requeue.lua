@@ -19,10 +19,11 @@ for _, id in ipairs(ids) do
       end_job(id, jobkey, 'cancelled', ARGV[3])
     else
       redis.call('zrem', key(K.started, v[4]), id .. ':' .. v[3])
+      release(id, jobkey)
       set_state(id, jobkey, 'queued')
       redis.call('hset', jobkey, 'worker_name', '')
       redis.call('lpush', key(K.queue, v[4]), id)
-      redis.call('publish', WAKE, v[4])
+      redis.call('publish', key(K.wake, v[4]), v[4])
       requeued = requeued + 1
     end
   end

@@ -1,0 +1,106 @@
+"""What a machine has (:class:`Resources`), and what a worker offers and holds now (:class:`WorkerInfo`)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+#: Packages shown by `resources detect` and `workers`; matching sees every installed package.
+KNOWN_FRAMEWORKS = (
+    "torch",
+    "torchvision",
+    "jax",
+    "jaxlib",
+    "mlx",
+    "cupy",
+    "tensorflow",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "tensorrt",
+    "transformers",
+    "numpy",
+)
+
+
+class GPU(BaseModel):
+    """One accelerator device. ``index`` is nvidia-smi's numbering (PCI bus order) for CUDA."""
+
+    index: int
+    kind: Literal["cuda", "mps"]
+    name: str
+    uuid: str
+    pci_bus_id: str | None = None
+    memory_total: int
+    memory_free: int | None = None
+    compute_capability: str | None = None
+    #: A device the worker was told to pretend it has (GPULAYER_FAKE_GPUS), for tests and demos.
+    simulated: bool = False
+
+
+class Resources(BaseModel):
+    """This machine, as detected."""
+
+    host: str
+    platform: str
+    cpus: int
+    memory: int
+    gpus: list[GPU] = Field(default_factory=list)
+    #: How NVIDIA GPUs were looked for: ``ok``, or why there are none.
+    nvml: str
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    #: Every installed Python distribution (normalised name → version), as the worker's Python sees it.
+    frameworks: dict[str, str] = Field(default_factory=dict)
+
+    def known_frameworks(self) -> dict[str, str]:
+        return known(self.frameworks)
+
+
+def known(frameworks: dict[str, str]) -> dict[str, str]:
+    """The well-known frameworks among installed packages (any ``cupy-*`` build counts as cupy)."""
+    shown = {name: version for name, version in frameworks.items() if name in KNOWN_FRAMEWORKS}
+    shown.update({name: version for name, version in frameworks.items() if name.startswith("cupy-")})
+    return dict(sorted(shown.items()))
+
+
+class Offer(BaseModel):
+    """What a worker offers to jobs, as it registers it."""
+
+    #: CPU slots.
+    slots: int
+    #: Bytes of memory.
+    memory: int
+    gpus: list[GPU] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    frameworks: dict[str, str] = Field(default_factory=dict)
+
+
+class WorkerInfo(Offer):
+    """A live worker: what it offers, and what its running jobs hold now."""
+
+    name: str
+    host: str
+    pid: int
+    #: RQ's worker state: ``idle``, ``busy``, ``suspended``, ...
+    state: str
+    birth: datetime | None = None
+    last_heartbeat: datetime | None = None
+    #: Jobs it has taken and not yet ended.
+    running: int = 0
+    cpus_used: int = 0
+    memory_used: int = 0
+    #: UUIDs of its GPUs that a job holds now.
+    gpus_busy: list[str] = Field(default_factory=list)
+
+    @property
+    def load(self) -> float:
+        """How busy it is, 0 to 1: the busier of its CPU slots and its GPUs."""
+        cpu = self.cpus_used / self.slots if self.slots else 0.0
+        gpu = len(self.gpus_busy) / len(self.gpus) if self.gpus else 0.0
+        return max(cpu, gpu)
+
+    @property
+    def simulated(self) -> bool:
+        return any(gpu.simulated for gpu in self.gpus)

@@ -1,0 +1,174 @@
+"""Where a job can run, and why not elsewhere: pure functions of requirements and workers, no IO.
+
+A worker can *never* run a job its hardware, packages or labels cannot serve; it is *busy* when it
+could, but what the job needs is held by other jobs now; otherwise the job *fits*. Among fitting
+workers, the least busy one is chosen (spread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Literal
+
+from packaging.requirements import Requirement
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel
+
+from .inventory import GPU, WorkerInfo
+from .requirements import Requirements, parse_framework
+from .units import format_size
+
+Status = Literal["fits", "busy", "never"]
+NO_WORKERS = "no workers are connected"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    """How one worker stands with one job's requirements."""
+
+    worker: str
+    status: Status
+    reasons: tuple[str, ...] = ()
+    #: GPUs the job may use on this worker (right kind, memory and name), free or not.
+    eligible: tuple[GPU, ...] = ()
+
+
+class Reason(BaseModel):
+    """Why a worker cannot run a job now; ``worker`` is None when no worker is connected."""
+
+    worker: str | None
+    reason: str
+
+
+class Plan(BaseModel):
+    """Where a job would run now, and why not elsewhere."""
+
+    #: The least busy worker that could start it now, if any.
+    worker: str | None
+    #: Whether some connected worker could ever run it (it may be busy now).
+    schedulable: bool
+    #: One line per worker that cannot start it now.
+    reasons: list[Reason]
+
+
+def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:
+    """The GPUs a job may use: the right kind, enough memory, a matching name."""
+    if not requirements.gpus:
+        return []
+    pattern = re.compile(requirements.gpu_name, re.IGNORECASE) if requirements.gpu_name else None
+    return [
+        gpu
+        for gpu in gpus
+        if requirements.accelerator in ("any", gpu.kind)
+        and (requirements.gpu_memory is None or gpu.memory_total >= requirements.gpu_memory)
+        and (pattern is None or pattern.search(gpu.name))
+    ]
+
+
+def check(requirements: Requirements, worker: WorkerInfo) -> Fit:
+    never = _never(requirements, worker)
+    if never:
+        return Fit(worker.name, "never", tuple(never))
+    eligible = tuple(eligible_gpus(requirements, worker.gpus))
+    busy = _busy(requirements, worker, eligible)
+    return Fit(worker.name, "busy" if busy else "fits", tuple(busy), eligible)
+
+
+def plan(requirements: Requirements, workers: list[WorkerInfo]) -> Plan:
+    if not workers:
+        return Plan(worker=None, schedulable=False, reasons=[Reason(worker=None, reason=NO_WORKERS)])
+    fits = [check(requirements, worker) for worker in workers]
+    loads = {worker.name: worker.load for worker in workers}
+    fitting = sorted(
+        (fit.worker for fit in fits if fit.status == "fits"), key=lambda name: (loads[name], name)
+    )
+    return Plan(
+        worker=fitting[0] if fitting else None,
+        schedulable=any(fit.status != "never" for fit in fits),
+        reasons=[Reason(worker=fit.worker, reason="; ".join(fit.reasons)) for fit in fits if fit.reasons],
+    )
+
+
+def _never(requirements: Requirements, worker: WorkerInfo) -> list[str]:
+    reasons = [*_gpu_never(requirements, worker.gpus)]
+    if requirements.cpus > worker.slots:
+        reasons.append(f"needs {requirements.cpus} CPU slots, has {worker.slots}")
+    if requirements.memory > worker.memory:
+        reasons.append(
+            f"needs {format_size(requirements.memory)} of memory, has {format_size(worker.memory)}"
+        )
+    for text in requirements.frameworks:
+        wanted = parse_framework(text)
+        installed = worker.frameworks.get(wanted.name)
+        if installed is None:
+            reasons.append(f"needs {text}, which is not installed")
+        elif not _satisfies(installed, wanted):
+            reasons.append(f"needs {text}, has {wanted.name} {installed}")
+    for key, value in requirements.labels.items():
+        if key not in worker.labels:
+            reasons.append(f"needs label {key}={value}, has no label {key}")
+        elif worker.labels[key] != value:
+            reasons.append(f"needs label {key}={value}, has {key}={worker.labels[key]}")
+    return reasons
+
+
+def _satisfies(version: str, wanted: Requirement) -> bool:
+    try:
+        return wanted.specifier.contains(Version(version), prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _gpu_never(requirements: Requirements, gpus: list[GPU]) -> list[str]:
+    wanted, accelerator = requirements.gpus, requirements.accelerator
+    if not wanted:
+        return []
+    kinds = sorted({gpu.kind for gpu in gpus})
+    if not gpus:
+        return [f"needs {_accelerator_text(accelerator)}, has no GPU"]
+    if accelerator != "any" and accelerator not in kinds:
+        return [f"needs {accelerator}, has {' and '.join(kinds)} only"]
+    same_kind = [gpu for gpu in gpus if accelerator in ("any", gpu.kind)]
+    if len(same_kind) < wanted:
+        return [f"needs {wanted} GPUs, has {len(same_kind)}"]
+    if requirements.gpu_memory is not None:
+        big_enough = [gpu for gpu in same_kind if gpu.memory_total >= requirements.gpu_memory]
+        if len(big_enough) < wanted:
+            largest = max(gpu.memory_total for gpu in same_kind)
+            per = "per GPU" if wanted == 1 else f"on each of {wanted} GPUs"
+            return [f"needs {memory_text(requirements.gpu_memory)} {per}, largest is {memory_text(largest)}"]
+    matching = eligible_gpus(requirements, gpus)
+    if len(matching) < wanted:
+        names = ", ".join(sorted({gpu.name for gpu in same_kind}))
+        return [f"needs {wanted} GPU(s) named like {requirements.gpu_name!r}, has {len(matching)} ({names})"]
+    return []
+
+
+def _busy(requirements: Requirements, worker: WorkerInfo, eligible: tuple[GPU, ...]) -> list[str]:
+    reasons = []
+    if requirements.gpus:
+        free = [gpu for gpu in eligible if gpu.uuid not in worker.gpus_busy]
+        if len(free) < requirements.gpus:
+            if not free:
+                reasons.append(f"all {len(eligible)} GPUs busy" if len(eligible) > 1 else "its GPU is busy")
+            else:
+                reasons.append(f"needs {requirements.gpus} GPUs, {len(free)} of {len(eligible)} free")
+    if requirements.cpus and worker.cpus_used + requirements.cpus > worker.slots:
+        reasons.append(f"{worker.cpus_used} of {worker.slots} CPU slots busy, needs {requirements.cpus}")
+    if requirements.memory and worker.memory_used + requirements.memory > worker.memory:
+        free_memory = format_size(max(worker.memory - worker.memory_used, 0))
+        reasons.append(f"needs {format_size(requirements.memory)} of memory, {free_memory} free")
+    return reasons
+
+
+def _accelerator_text(accelerator: str) -> str:
+    return "a GPU" if accelerator == "any" else accelerator
+
+
+def memory_text(size: int) -> str:
+    """GPU memory as people say it: ``24 GB`` when given in GB, ``80 GiB`` for a device, else GiB."""
+    for unit, name in ((10**9, "GB"), (2**30, "GiB")):
+        if size % unit == 0:
+            return f"{size // unit} {name}"
+    return f"{size / 2**30:.1f} GiB"

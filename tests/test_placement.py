@@ -1,0 +1,176 @@
+"""The matching rules, as pure functions: requirements, workers, and the reasons a job cannot run."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulayer import GPU, InvalidJobSpec, Requirements, WorkerInfo
+from gpulayer.models import validated
+from gpulayer.placement import NO_WORKERS, check, eligible_gpus, memory_text, plan
+
+GiB = 2**30
+
+
+def gpu(index: int, name: str = "NVIDIA A100-SXM4-80GB", memory_gib: int = 80, kind: str = "cuda") -> GPU:
+    return GPU(index=index, kind=kind, name=name, uuid=f"GPU-{name}-{index}", memory_total=memory_gib * GiB)
+
+
+def worker(name: str = "box-a", gpus: list[GPU] | None = None, **fields: object) -> WorkerInfo:
+    defaults: dict[str, object] = {"host": "h", "pid": 1, "state": "idle", "slots": 4, "memory": 64 * GiB}
+    return WorkerInfo(name=name, gpus=gpus or [], **{**defaults, **fields})  # type: ignore[arg-type]
+
+
+def needs(**fields: object) -> Requirements:
+    return validated(Requirements, fields)
+
+
+# --- requirements ---------------------------------------------------------------------------------
+
+
+def test_a_job_that_asks_for_nothing_is_a_one_slot_cpu_job_in_the_default_queue() -> None:
+    requirements = needs()
+    assert (requirements.accelerator, requirements.gpus, requirements.cpus) == ("cpu", 0, 1)
+    assert requirements.capability == "default"
+
+
+def test_asking_for_cuda_means_one_gpu_and_no_cpu_slot() -> None:
+    requirements = needs(accelerator="cuda")
+    assert (requirements.gpus, requirements.cpus) == (1, 0)
+
+
+def test_asking_for_gpus_alone_takes_any_kind_of_gpu() -> None:
+    assert needs(gpus=2).accelerator == "any"
+    assert needs(gpu_memory="24GB").gpus == 1
+
+
+def test_two_ways_of_asking_for_the_same_thing_share_a_queue() -> None:
+    a = needs(gpus=1, gpu_memory="24GB", frameworks=["Torch>=2.1", "numpy"], labels={"zone": "eu", "a": "b"})
+    b = needs(
+        accelerator="any",
+        gpu_memory=24 * 10**9,
+        frameworks=["numpy", "torch >= 2.1"],
+        labels={"a": "b", "zone": "eu"},
+    )
+    assert a == b
+    assert a.capability == b.capability
+    assert a.capability.startswith("any-1gpu-")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"accelerator": "cpu", "gpus": 1}, "a cpu job cannot ask for GPUs"),
+        ({"accelerator": "mps", "gpus": 2}, "one mps device"),
+        ({"gpus": 0, "gpu_name": "A100"}, "needs at least one GPU"),
+        ({"gpu_memory": "lots"}, "not a size"),
+        ({"gpu_name": "A100("}, "is not a regular expression"),
+        ({"frameworks": ["torch @ https://example.invalid/t.whl"]}, "only a name and a version range"),
+        ({"frameworks": ["torch>=="]}, "is not a requirement"),
+        ({"labels": {"bad key": "x"}}, "label name"),
+    ],
+)
+def test_invalid_requirements_are_one_line_errors(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidJobSpec, match=message):
+        needs(**fields)
+
+
+# --- never ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("requirements", "box", "reason"),
+    [
+        (dict(accelerator="cuda"), worker(), "needs cuda, has no GPU"),
+        (dict(gpus=1), worker(), "needs a GPU, has no GPU"),
+        (dict(accelerator="cuda"), worker(gpus=[gpu(0, "Apple M2", 32, "mps")]), "needs cuda, has mps only"),
+        (dict(accelerator="mps"), worker(gpus=[gpu(0)]), "needs mps, has cuda only"),
+        (dict(gpus=4), worker(gpus=[gpu(0), gpu(1)]), "needs 4 GPUs, has 2"),
+        (
+            dict(gpus=1, gpu_memory="40GB"),
+            worker(gpus=[gpu(0, "NVIDIA RTX 4090", 24)]),
+            "needs 40 GB per GPU, largest is 24 GiB",
+        ),
+        (
+            dict(gpus=1, gpu_name="H100"),
+            worker(gpus=[gpu(0)]),
+            "needs 1 GPU(s) named like 'H100', has 0 (NVIDIA A100-SXM4-80GB)",
+        ),
+        (dict(frameworks=["torch>=2.1"]), worker(), "needs torch>=2.1, which is not installed"),
+        (
+            dict(frameworks=["torch>=2.1"]),
+            worker(frameworks={"torch": "2.0.1"}),
+            "needs torch>=2.1, has torch 2.0.1",
+        ),
+        (dict(labels={"zone": "eu"}), worker(), "needs label zone=eu, has no label zone"),
+        (dict(labels={"zone": "eu"}), worker(labels={"zone": "us"}), "needs label zone=eu, has zone=us"),
+        (dict(cpus=8), worker(slots=4), "needs 8 CPU slots, has 4"),
+        (dict(memory="128GiB"), worker(memory=64 * GiB), "needs 128.0 GiB of memory, has 64.0 GiB"),
+    ],
+)
+def test_each_way_a_worker_can_never_run_a_job_has_its_reason(
+    requirements: dict[str, object], box: WorkerInfo, reason: str
+) -> None:
+    fit = check(needs(**requirements), box)
+    assert fit.status == "never"
+    assert fit.reasons == (reason,)
+
+
+def test_a_framework_within_range_and_a_matching_label_fit() -> None:
+    box = worker(frameworks={"torch": "2.3.0+cu121"}, labels={"zone": "eu"})
+    assert check(needs(frameworks=["torch>=2.1,<3"], labels={"zone": "eu"}), box).status == "fits"
+
+
+def test_a_name_pattern_is_a_case_insensitive_search() -> None:
+    box = worker(gpus=[gpu(0, "NVIDIA H100 80GB HBM3"), gpu(1, "NVIDIA RTX 4090", 24)])
+    assert [g.index for g in eligible_gpus(needs(gpus=1, gpu_name="a100|h100"), box.gpus)] == [0]
+
+
+# --- busy -------------------------------------------------------------------------------------------
+
+
+def test_a_worker_whose_gpus_are_held_is_busy_not_unable() -> None:
+    box = worker(gpus=[gpu(i) for i in range(4)])
+    box.gpus_busy = [g.uuid for g in box.gpus]
+    assert check(needs(gpus=1), box).reasons == ("all 4 GPUs busy",)
+    box.gpus_busy = box.gpus_busy[:3]
+    assert check(needs(gpus=2), box).reasons == ("needs 2 GPUs, 1 of 4 free",)
+    assert check(needs(gpus=1), box).status == "fits"
+
+
+def test_cpu_slots_and_memory_held_by_other_jobs_make_it_busy() -> None:
+    box = worker(slots=4, cpus_used=3, memory=16 * GiB, memory_used=12 * GiB)
+    assert check(needs(cpus=2), box).reasons == ("3 of 4 CPU slots busy, needs 2",)
+    assert check(needs(memory="8GiB"), box).reasons == ("needs 8.0 GiB of memory, 4.0 GiB free",)
+
+
+# --- plans ------------------------------------------------------------------------------------------
+
+
+def test_with_no_workers_the_reason_says_so() -> None:
+    result = plan(needs(), [])
+    assert (result.worker, result.schedulable) == (None, False)
+    assert [(r.worker, r.reason) for r in result.reasons] == [(None, NO_WORKERS)]
+
+
+def test_the_least_busy_fitting_worker_is_chosen() -> None:
+    busy, idle = worker("busy", slots=4, cpus_used=3), worker("idle", slots=4)
+    assert plan(needs(), [busy, idle]).worker == "idle"
+
+
+def test_busy_workers_make_a_job_wait_unable_ones_make_it_unschedulable() -> None:
+    gpu_box = worker("gpu-box", gpus=[gpu(0)], gpus_busy=[gpu(0).uuid])
+    cpu_box = worker("cpu-box")
+    waiting = plan(needs(gpus=1), [gpu_box, cpu_box])
+    assert (waiting.worker, waiting.schedulable) == (None, True)
+    assert {(r.worker, r.reason) for r in waiting.reasons} == {
+        ("gpu-box", "its GPU is busy"),
+        ("cpu-box", "needs a GPU, has no GPU"),
+    }
+    never = plan(needs(gpus=2), [gpu_box, cpu_box])
+    assert never.schedulable is False
+
+
+def test_gpu_memory_reads_as_it_was_given() -> None:
+    assert memory_text(24 * 10**9) == "24 GB"
+    assert memory_text(80 * GiB) == "80 GiB"
+    assert memory_text(25_000_000_001) == "23.3 GiB"
