@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import cast
 
 from redis import Redis
 
-from ..inventory import Offer, WorkerInfo
+from ..inventory import WorkerInfo
 from .keys import Keys
 from .rq_jobs import parse_timestamp
 
@@ -34,20 +35,20 @@ class WorkerStore:
         for name, raw, usage, running in zip(names, replies[::3], replies[1::3], replies[2::3], strict=True):
             if not raw or b"death" in raw or b"gl_offer" not in raw:
                 continue
-            workers.append(
-                WorkerInfo(
-                    **Offer.model_validate_json(raw[b"gl_offer"]).model_dump(),
-                    name=name,
-                    host=raw.get(b"hostname", b"").decode(),
-                    pid=int(raw.get(b"pid", 0)),
-                    state=raw.get(b"state", b"?").decode(),
-                    birth=parse_timestamp(raw.get(b"birth")),
-                    last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
-                    running=int(running),
-                    cpus_used=int(usage.get(b"cpus", 0)),
-                    memory_used=int(usage.get(b"memory", 0)),
-                )
+            # One validation per worker: the offer as registered, and what is live now.
+            fields = json.loads(raw[b"gl_offer"])
+            fields.update(
+                name=name,
+                host=raw.get(b"hostname", b"").decode(),
+                pid=int(raw.get(b"pid", 0)),
+                state=raw.get(b"state", b"?").decode(),
+                birth=parse_timestamp(raw.get(b"birth")),
+                last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
+                running=int(running),
+                cpus_used=int(usage.get(b"cpus", 0)),
+                memory_used=int(usage.get(b"memory", 0)),
             )
+            workers.append(WorkerInfo.model_validate(fields))
         uuids = [gpu.uuid for worker in workers for gpu in worker.gpus]
         holders = (
             dict(zip(uuids, self._redis.mget([self._keys.gpu(uuid) for uuid in uuids]), strict=True))

@@ -63,7 +63,7 @@ POLL_INTERVAL = 1.0
 REFRESH_INTERVAL = 5.0
 #: Woken by a submit while busy, a worker waits this long times how busy it is (0 to 1) before it
 #: claims, so a less busy worker that fits takes the job first (spread).
-SPREAD_DELAY = 0.02
+SPREAD_DELAY = 0.05
 _MAX_BACKOFF = 60.0
 
 
