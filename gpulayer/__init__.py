@@ -25,9 +25,10 @@ from .errors import (
     SourceError,
     Unschedulable,
     WaitTimeout,
+    WorkerNotFound,
 )
 from .inventory import GPU, Resources, WorkerInfo
-from .models import JobRecord, JobSpec, JobState, LogLine, OutputSummary
+from .models import Attempt, JobRecord, JobSpec, JobState, LogLine, OutputSummary
 from .placement import Plan, Reason
 from .requirements import Requirements
 from .settings import Settings
@@ -41,6 +42,7 @@ __all__ = [
     "GPU",
     "ArchiveError",
     "ArtifactTooLarge",
+    "Attempt",
     "Client",
     "ConfigError",
     "GpulayerError",
@@ -66,5 +68,6 @@ __all__ = [
     "Unschedulable",
     "WaitTimeout",
     "WorkerInfo",
+    "WorkerNotFound",
     "__version__",
 ]

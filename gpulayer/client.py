@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shlex
@@ -18,10 +19,11 @@ from .errors import (
     OutputNotProduced,
     Unschedulable,
     WaitTimeout,
+    WorkerNotFound,
 )
 from .home import resolve_redis_url
 from .inventory import WorkerInfo
-from .models import JobRecord, JobState, LogLine, build_spec, validated
+from .models import JobRecord, JobState, LogLine, RetryOn, build_spec, validated
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
@@ -79,6 +81,10 @@ class Client:
         timeout: float | None = None,
         name: str | None = None,
         priority: int = 0,
+        retries: int | None = None,
+        retry_on: RetryOn | None = None,
+        retry_delay: float | None = None,
+        idempotency_key: str | None = None,
         fail_if_unschedulable: bool = False,
         **requirements: Any,
     ) -> Job:
@@ -90,6 +96,11 @@ class Client:
         ``gpu_memory``, ``gpu_name``, ``frameworks``, ``cpus``, ``memory``, ``labels``); sizes may be
         strings like ``"24GB"``. With ``fail_if_unschedulable``, a job no connected worker could ever
         run is refused (:class:`Unschedulable`) instead of waiting for one.
+
+        ``retries`` (default 2) of the failures ``retry_on`` names (``"lost"`` worker, the default;
+        non-zero ``"exit"``; or ``"both"``) run the job again, after ``retry_delay`` seconds (default
+        1), doubling each time. A second submit with the same ``idempotency_key`` returns the first
+        job, as long as it exists, instead of making another.
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
@@ -108,6 +119,15 @@ class Client:
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
             requirements=requirements,
             priority=priority,
+            **{
+                field: value
+                for field, value in (
+                    ("retries", retries),
+                    ("retry_on", retry_on),
+                    ("retry_delay", retry_delay),
+                )
+                if value is not None
+            },
         )
         if fail_if_unschedulable:
             plan = self.plan(spec.requirements)
@@ -126,15 +146,18 @@ class Client:
                 for archive_name, manifest in uploads:
                     if manifest is not None:
                         self._upload(job_id, archive_name, manifest)
-                created = self._jobs.submit(job_id, spec)
+                submitted = self._jobs.submit(job_id, spec, idempotency_key)
             except BaseException:
                 if not self.redis.exists(self.keys.job(job_id)):
                     self._artifacts.discard_inputs(job_id)
                 raise
-            if created:
+            if submitted == job_id:
                 return Job(self, job_id)
-            # The id was taken: try another; what was uploaded under this one goes.
+            # The id was taken (try another), or the idempotency key names an existing job: what
+            # was uploaded under this id goes.
             self._artifacts.discard_inputs(job_id)
+            if submitted is not None:
+                return Job(self, submitted)
 
     def _upload(self, job_id: str, name: str, manifest: archive.Manifest) -> None:
         with tempfile.SpooledTemporaryFile(_SPOOL) as file:
@@ -155,6 +178,15 @@ class Client:
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self._workers.list()
+
+    def stop_worker(self, name: str, *, requeue: bool = False) -> None:
+        """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
+        ``requeue`` stops them and puts them back in their queues. :class:`WorkerNotFound` if no
+        worker of that name is connected."""
+        if not any(worker.name == name for worker in self.workers()):
+            raise WorkerNotFound(f"no worker named {name!r} is connected")
+        payload = {"command": "shutdown", "requeue": requeue}
+        self.redis.publish(self.keys.pubsub(name), json.dumps(payload))
 
     def plan(self, requirements: Requirements | None = None, **fields: Any) -> Plan:
         """Where a job with these requirements would run now, and why not on each other worker;

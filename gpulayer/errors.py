@@ -12,6 +12,7 @@ The tree::
     ├── ArtifactTooLarge       a job's files are over the per-job cap
     ├── ArchiveError           an archive holds an unsafe entry (absolute path, "..", device)
     ├── JobNotFound            no job with that id (never existed, or past its retention)
+    ├── WorkerNotFound         no connected worker with that name
     ├── JobNotFinished         the job has not ended yet, so it has no outputs
     ├── OutputNotProduced      a declared output was not produced by the job
     ├── Unschedulable          no connected worker could ever run the job
@@ -65,6 +66,10 @@ class ArchiveError(GpulayerError):
 
 class JobNotFound(GpulayerError):
     """No job has that id, or it is past its retention."""
+
+
+class WorkerNotFound(GpulayerError):
+    """No connected worker has that name."""
 
 
 class JobNotFinished(GpulayerError):

@@ -18,6 +18,9 @@ from .errors import InvalidJobSpec
 from .requirements import DEFAULT, Requirements
 
 M = TypeVar("M", bound=BaseModel)
+RetryOn = Literal["lost", "exit", "both"]
+#: A job record larger than this is refused: by the client at submit, by a worker that finds one.
+MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the worker for every job; a job cannot set them itself.
 RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT"})
@@ -88,6 +91,12 @@ class JobSpec(BaseModel):
     requirements: Requirements = DEFAULT
     #: Higher runs first, within and across queues.
     priority: int = Field(default=0, ge=-1000, le=1000)
+    #: How many times the job runs again after a failure of the kind ``retry_on`` names.
+    retries: int = Field(default=2, ge=0, le=100)
+    #: Which failures are retried: its worker was lost, its command exited non-zero, or both.
+    retry_on: RetryOn = "lost"
+    #: Seconds before the first retry; each later one waits twice as long as the one before.
+    retry_delay: float = Field(default=1.0, ge=0, le=3600)
 
     @property
     def queue(self) -> QueueSpec:
@@ -154,7 +163,10 @@ def validated(model: type[M], fields: Mapping[str, object]) -> M:
 
 
 def build_spec(**fields: object) -> JobSpec:
-    return validated(JobSpec, fields)
+    spec = validated(JobSpec, fields)
+    if len(spec.model_dump_json()) > MAX_SPEC_BYTES:
+        raise InvalidJobSpec("invalid job: its description (command, environment, outputs) is over 1 MiB")
+    return spec
 
 
 class OutputSummary(BaseModel):
@@ -164,6 +176,20 @@ class OutputSummary(BaseModel):
     bytes: int = 0
     #: Declared patterns that matched nothing.
     missing: list[str] = Field(default_factory=list)
+
+
+class Attempt(BaseModel):
+    """How one attempt of a job ended: on which worker, with what exit code, and why."""
+
+    attempt: int
+    worker: str | None
+    #: ``succeeded``, ``failed``, ``cancelled``, ``timed_out``; ``lost`` (its worker stopped renewing
+    #: its lease, or restarted); ``returned`` (put back by a worker's cold shutdown).
+    outcome: str
+    exit_code: int | None = None
+    reason: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
 
 
 class JobRecord(BaseModel):
@@ -186,6 +212,10 @@ class JobRecord(BaseModel):
     outputs: OutputSummary | None
     #: GPUs it holds (or held), in nvidia-smi numbering on its worker.
     gpus: list[int] = Field(default_factory=list)
+    #: Every attempt that has ended, oldest first.
+    attempts: list[Attempt] = Field(default_factory=list)
+    #: When a retry waiting out its back-off goes back in its queue.
+    retry_at: datetime | None = None
     spec: JobSpec
 
 

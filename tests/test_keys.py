@@ -114,6 +114,8 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "K",
             "JOBS",
             "QUEUES",
+            "LEASES",
+            "DELAYED",
             "NEW_QUEUE",
             "PREFIX",
             "RQ_QUEUES",

@@ -69,7 +69,7 @@ def test_a_worker_restarted_under_its_name_takes_over_at_once_and_reruns_its_job
     assert record.state is JobState.SUCCEEDED
     assert record.attempt == 2
     lines = [(line.attempt, line.stream, line.text) for line in job.logs()]
-    assert (1, "system", "worker w1 restarted; the job goes back to its queue") in lines
+    assert (1, "system", "worker w1 restarted; its previous run is gone") in lines
     assert (2, "stdout", "done") in lines
     assert [worker.name for worker in client.workers()] == ["w1"]
 

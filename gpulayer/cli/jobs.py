@@ -12,7 +12,7 @@ import click
 
 from ..client import Job
 from ..errors import WaitTimeout
-from ..models import JobRecord, JobState, LogLine
+from ..models import JobRecord, JobState, LogLine, RetryOn
 from .app import duration, job_exit_code, key_values, open_client, redis_url_option, requirement_options
 from .placement import print_plan
 
@@ -56,6 +56,23 @@ _CANCEL_WAIT = 10.0
     "--priority", type=click.IntRange(-1000, 1000), default=0, help="Higher runs first (default 0)."
 )
 @click.option(
+    "--retries", type=click.IntRange(0, 100), help="Runs again after this many failures (default 2)."
+)
+@click.option(
+    "--retry-on",
+    type=click.Choice(["lost", "exit", "both"]),
+    help="Which failures are retried: a lost worker (the default), a non-zero exit, or both.",
+)
+@click.option(
+    "--retry-delay",
+    callback=duration,
+    metavar="DURATION",
+    help="Before the first retry (default 1s); doubles after.",
+)
+@click.option(
+    "--idempotency-key", metavar="KEY", help="A second submit with the same key returns the first job's id."
+)
+@click.option(
     "--fail-if-unschedulable",
     is_flag=True,
     help="Refuse the job, submitting nothing, if no connected worker could ever run it.",
@@ -71,6 +88,10 @@ def submit(
     timeout: float | None,
     name: str | None,
     priority: int,
+    retries: int | None,
+    retry_on: RetryOn | None,
+    retry_delay: float | None,
+    idempotency_key: str | None,
     fail_if_unschedulable: bool,
     wait: bool,
     redis_url: str | None,
@@ -91,6 +112,10 @@ def submit(
         timeout=timeout,
         name=name,
         priority=priority,
+        retries=retries,
+        retry_on=retry_on,
+        retry_delay=retry_delay,
+        idempotency_key=idempotency_key,
         fail_if_unschedulable=fail_if_unschedulable,
         **requirements,
     )
@@ -179,6 +204,14 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
                 else value
             )
             click.echo(f"{label + ':':<11} {text}")
+    if len(record.attempts) > 1 or (record.attempts and record.state is JobState.QUEUED):
+        click.echo("attempts:")
+        for attempt in record.attempts:
+            code = f", exit {attempt.exit_code}" if attempt.exit_code is not None else ""
+            why = f": {attempt.reason}" if attempt.reason else ""
+            click.echo(f"  {attempt.attempt}  {attempt.worker or '-'}  {attempt.outcome}{code}{why}")
+    if record.retry_at:
+        click.echo(f"retry at:   {record.retry_at.astimezone().isoformat(sep=' ', timespec='seconds')}")
     if plan:
         print_plan(plan)
 

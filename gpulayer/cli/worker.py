@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from pathlib import Path
@@ -13,7 +14,8 @@ from ..resources import detect
 from ..store.connection import connect
 from ..units import format_size
 from ..worker import Worker
-from .app import F, key_values, redis_url_option, resolve
+from ..worker.worker import HEARTBEAT_INTERVAL, LEASE_TTL
+from .app import F, duration, key_values, open_client, redis_url_option, resolve
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -49,6 +51,26 @@ def _worker_options(command: F) -> F:
             callback=key_values,
             help="A label jobs can ask for with --label; repeatable.",
         ),
+        click.option(
+            "--lease-ttl",
+            type=click.FloatRange(min=0, min_open=True),
+            default=LEASE_TTL,
+            show_default=True,
+            help="Seconds a job's lease lasts unrenewed before another worker may take it.",
+        ),
+        click.option(
+            "--heartbeat",
+            type=click.FloatRange(min=0, min_open=True),
+            default=HEARTBEAT_INTERVAL,
+            show_default=True,
+            help="Seconds between heartbeats, each renewing every lease.",
+        ),
+        click.option(
+            "--kill-grace",
+            callback=duration,
+            metavar="DURATION",
+            help="After SIGTERM, how long a job's processes get before SIGKILL (default 10s).",
+        ),
         click.option("--burst", is_flag=True, help="Exit once the queues are empty and running jobs ended."),
         click.option(
             "--workdir",
@@ -71,10 +93,12 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
     level = options["log_level"].upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
     settings, url = resolve(redis_url)
+    if options["kill_grace"] is not None:
+        settings = dataclasses.replace(settings, kill_grace_seconds=options["kill_grace"])
     name = options["name"] or socket.gethostname()
     found = detect(fake_gpus=options["fake_gpus"], gpus=options["gpus"], owner=name)
     worker = Worker(
-        connect(url),
+        connect(url, socket_timeout=max(1.0, options["lease_ttl"] / 2)),
         settings,
         name=name,
         slots=options["slots"] or found.cpus,
@@ -83,6 +107,8 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
         labels=options["labels"],
         frameworks=found.frameworks,
         workdir=options["workdir"],
+        lease_ttl=options["lease_ttl"],
+        heartbeat=options["heartbeat"],
     )
     gpus = ", ".join(f"{g.index} {g.name}" + (" (simulated)" if g.simulated else "") for g in found.gpus)
     log.info(
@@ -107,6 +133,17 @@ def start(redis_url: str | None, **options: Any) -> None:
     """Run a worker in the foreground: it takes jobs it can run until stopped. SIGTERM or Ctrl+C lets
     running jobs finish; a second one stops them and puts them back in their queues."""
     run_worker(redis_url, options)
+
+
+@worker.command()
+@click.argument("name")
+@click.option("--requeue", is_flag=True, help="Stop its running jobs now and put them back in their queues.")
+@redis_url_option
+def stop(name: str, requeue: bool, redis_url: str | None) -> None:
+    """Stop a worker, wherever it runs: it takes no new jobs and exits once its running jobs end (or,
+    with --requeue, at once, its jobs back in their queues)."""
+    open_client(redis_url).stop_worker(name, requeue=requeue)
+    click.echo(f"worker {name} is stopping" + (" (running jobs go back to their queues)" if requeue else ""))
 
 
 @click.command()

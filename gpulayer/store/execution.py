@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import cast
+from typing import Literal, cast
 
 from redis import Redis
 
@@ -28,6 +28,21 @@ class Claim:
     queue: str
     #: Indices (nvidia-smi numbering) of the GPUs reserved for it on this worker.
     gpus: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    """What a heartbeat learned: whether this process still holds its name, and which of its jobs
+    were cancelled, or are no longer its own."""
+
+    alive: bool
+    cancelled: list[str]
+    lost: list[str]
+
+
+#: What finish.lua answers: this attempt lost the job; the job ended; it will run again.
+Finished = Literal["lost", "ended", "retry"]
+_FINISHED: tuple[Finished, Finished, Finished] = ("lost", "ended", "retry")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +73,13 @@ class ExecutionStore:
         self._worker_key = keys.rq_worker(worker)
         self._usage_key = keys.worker_usage(worker)
 
-    def claim(self, queues: Sequence[QueueOffer], limit: int, slots: int, memory: int) -> list[Claim]:
+    def claim(
+        self, queues: Sequence[QueueOffer], limit: int, slots: int, memory: int, lease_ms: int
+    ) -> list[Claim]:
         """Take up to ``limit`` queued jobs that fit in what is free of ``slots`` CPU slots, ``memory``
-        bytes and the GPUs, serving the queues in the order given."""
+        bytes and the GPUs, serving the queues in the order given; each holds a lease of ``lease_ms``."""
         keys = [self._keys.rq_suspended, self._jobs_key, self._usage_key]
-        args: list[object] = [limit, self.rq_name, timestamp(), slots, memory]
+        args: list[object] = [limit, self.rq_name, timestamp(), slots, memory, lease_ms]
         for queue in queues:
             args.extend(queue.args())
         flat = self._scripts.run("claim", keys, args)
@@ -103,11 +120,11 @@ class ExecutionStore:
         reason: str | None,
         outputs: OutputSummary | None,
         seconds: float,
-    ) -> bool:
-        """End the job; False (and nothing written) if it is no longer this attempt's."""
+    ) -> Finished:
+        """End the attempt: the job ends, or runs again (a retry on a non-zero exit), or, when the
+        attempt no longer owns the job, nothing is written."""
         keys = [
             self._keys.job(claim.job_id),
-            self._jobs_key,
             self._worker_key,
             self._keys.staged_outputs(claim.job_id, claim.attempt),
             self._keys.outputs(claim.job_id),
@@ -123,21 +140,28 @@ class ExecutionStore:
             outputs.model_dump_json() if outputs else "",
             f"{seconds:.6f}",
         ]
-        return bool(self._scripts.run("finish", keys, args))
+        return _FINISHED[int(self._scripts.run("finish", keys, args))]
 
-    def heartbeat(self, incarnation: str, ttl: int) -> tuple[bool, list[str]]:
-        """Keep this worker's registration alive. Returns whether this process still holds the name,
-        and the ids of its jobs whose cancel was requested."""
-        alive, cancelled = self._scripts.run(
-            "heartbeat", [self._worker_key, self._jobs_key], [incarnation, ttl, timestamp()]
-        )
-        return bool(alive), [job_id.decode() for job_id in cancelled]
+    def heartbeat(
+        self, incarnation: str, ttl: int, lease_ms: int, running: Iterable[tuple[str, int]]
+    ) -> Heartbeat:
+        """Keep this worker's registration alive and renew the leases of ``running`` (job id, attempt)."""
+        args: list[object] = [incarnation, ttl, timestamp(), self.rq_name, lease_ms]
+        for job_id, attempt in running:
+            args.extend((job_id, attempt))
+        alive, cancelled, lost = self._scripts.run("heartbeat", [self._worker_key], args)
+        return Heartbeat(bool(alive), [i.decode() for i in cancelled], [i.decode() for i in lost])
+
+    def reap(self, limit: int = 100) -> int:
+        """Act on expired leases (their jobs lost their worker) and on retries whose back-off is over."""
+        return int(self._scripts.run("reap", [], [limit, timestamp()]))
 
     def prune(self, queue_names: Sequence[str], oldest: int = 2000) -> int:
         """Drop expired jobs' ids from the indexes, looking at the ``oldest`` of each; returns how many."""
         return int(self._scripts.run("prune", [], [oldest, *queue_names]))
 
-    def requeue(self, message: str, job_ids: Sequence[str] = ()) -> int:
-        """Give jobs back to the front of their queues (all this worker holds when none are named)."""
-        args = [self.rq_name, message, timestamp(), *job_ids]
+    def requeue(self, mode: Literal["lost", "returned"], message: str, job_ids: Sequence[str] = ()) -> int:
+        """Take jobs off this worker (all it holds when none are named): ``lost`` counts as a lost
+        worker (a retry is used, or the job fails); ``returned`` puts them back, no retry used."""
+        args = [self.rq_name, mode, message, timestamp(), *job_ids]
         return int(self._scripts.run("requeue", [self._jobs_key], args))

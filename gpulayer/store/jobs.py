@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
+from datetime import datetime, timezone
 from typing import cast
 
 from redis import Redis
 from rq.utils import now
 
-from ..models import JobRecord, JobSpec, JobState, OutputSummary
+from ..models import Attempt, JobRecord, JobSpec, JobState, OutputSummary
 from ..settings import Settings
 from .connection import BLOCK_MS
 from .keys import Keys
@@ -23,25 +25,31 @@ class JobStore:
         self._scripts = scripts
         self._retention = settings.retention_seconds
 
-    def submit(self, job_id: str, spec: JobSpec) -> bool:
-        """Create the job and queue it, with its uploaded files kept from now on; False if the id is taken."""
+    def submit(self, job_id: str, spec: JobSpec, idempotency_key: str | None = None) -> str | None:
+        """Create the job and queue it, with its uploaded files kept from now on, and return its id —
+        or, when ``idempotency_key`` was used by a job that still exists, that job's id. None if
+        ``job_id`` is taken."""
         queue = spec.queue
         queue_name = self._keys.queue_for(queue)
         created = now()
         fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
         fields["gl_spec"] = spec.model_dump_json(exclude_defaults=True)
         fields["gl_attempt"] = 0
+        # What the scripts need to decide on a retry, without parsing the spec.
+        fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
         # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
         args: list[object] = [
             job_id,
             int(created.timestamp() * 1_000_000),
             queue_name,
             queue.model_dump_json(),
+            self._keys.idempotency(idempotency_key) if idempotency_key else "",
         ]
         for pair in fields.items():
             args.extend(pair)
         keys = [self._keys.job(job_id), self._keys.queue(queue_name), self._keys.inputs(job_id)]
-        return bool(self._scripts.run("submit", keys, args))
+        created_flag, existing = self._scripts.run("submit", keys, args)
+        return existing.decode() if created_flag else None
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
@@ -93,6 +101,7 @@ class JobStore:
 
         spec = JobSpec.model_validate_json(raw[b"gl_spec"])
         worker, exit_code, outputs = text("worker_name"), text("gl_exit_code"), text("gl_outputs")
+        retry_at = text("gl_retry_at")
         created = parse_timestamp(raw.get(b"created_at"))
         assert created is not None, "every job has created_at"
         return JobRecord(
@@ -112,5 +121,7 @@ class JobStore:
             ended_at=parse_timestamp(raw.get(b"ended_at")),
             outputs=OutputSummary.model_validate_json(outputs) if outputs else None,
             gpus=[int(index) for index in (text("gl_gpus") or "").split(",") if index],
+            attempts=[Attempt.model_validate(entry) for entry in json.loads(text("gl_attempts") or "[]")],
+            retry_at=datetime.fromtimestamp(int(retry_at) / 1000, tz=timezone.utc) if retry_at else None,
             spec=spec,
         )

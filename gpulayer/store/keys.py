@@ -7,6 +7,8 @@ scripts get the same templates (:meth:`Keys.lua_templates`), so a key is spelled
 
 from __future__ import annotations
 
+import hashlib
+
 from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.job import Job
 from rq.queue import Queue
@@ -32,6 +34,12 @@ class Keys:
         self.queues = f"{prefix}:queues"
         #: Channel the name of a queue is published on when its first job arrives.
         self.new_queue = f"{prefix}:queues:new"
+        #: Sorted set of the ids of jobs a worker holds, scored by when their lease expires (ms, by
+        #: Redis's clock); heartbeats push the score on, the reaper takes what falls behind.
+        self.leases = f"{prefix}:leases"
+        #: Sorted set of the ids of jobs waiting out a retry's back-off, scored by when they go back
+        #: in their queue (ms, by Redis's clock).
+        self.delayed = f"{prefix}:delayed"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.
@@ -62,6 +70,8 @@ class Keys:
             "gpu": f"{prefix}:gpu:{{}}",
             # Channel a submit publishes on, by queue name, so the idle workers serving it wake at once.
             "wake": f"{prefix}:wake:{{}}",
+            # The id of the job submitted with an idempotency key, by the key's SHA-256.
+            "idempotency": f"{prefix}:idempotency:{{}}",
             # RQ's worker hash and command channel, by RQ worker name (see rq_worker_name).
             "rq_worker": BaseWorker.redis_worker_namespace_prefix + "{}",
             "pubsub": PUBSUB_CHANNEL_TEMPLATE % "{}",
@@ -108,6 +118,10 @@ class Keys:
 
     def wake(self, queue_name: str) -> str:
         return self._key("wake", queue_name)
+
+    def idempotency(self, key: str) -> str:
+        """Hashed, so any key a user picks makes a short, safe Redis key."""
+        return self._key("idempotency", hashlib.sha256(key.encode()).hexdigest())
 
     def queue_name(self, capability: str = DEFAULT_CAPABILITY, priority: int = 0) -> str:
         """The RQ queue name for jobs of one requirement set and priority."""

@@ -17,7 +17,18 @@ from ..models import JobState
 from ..settings import Settings
 from .keys import Keys
 
-_NAMES = ("submit", "claim", "start", "append_logs", "finish", "cancel", "heartbeat", "requeue", "prune")
+_NAMES = (
+    "submit",
+    "claim",
+    "start",
+    "append_logs",
+    "finish",
+    "cancel",
+    "heartbeat",
+    "requeue",
+    "prune",
+    "reap",
+)
 
 
 def _lua(value: Any) -> str:
@@ -34,6 +45,8 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "K": keys.lua_templates(),
         "JOBS": keys.jobs,
         "QUEUES": keys.queues,
+        "LEASES": keys.leases,
+        "DELAYED": keys.delayed,
         "NEW_QUEUE": keys.new_queue,
         "PREFIX": keys.queue_name(""),
         "RQ_QUEUES": keys.rq_queues,

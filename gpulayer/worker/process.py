@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import psutil
+
+#: Every process of a job has this in its environment (the job's id): how its strays are recognised.
+JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def spawn(command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
@@ -60,3 +67,65 @@ def signal_group(leader: int, sig: signal.Signals) -> None:
     """Send ``sig`` to the job's process group only: one system call, for the end of every job."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(leader, sig)
+
+
+def become_subreaper() -> bool:
+    """Make processes a job leaves behind — a daemon that double-forked out of its session — this
+    worker's children when their parent exits, instead of init's, so :func:`kill_strays` can find
+    them. Linux only; elsewhere they escape."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+
+
+class JobProcesses:
+    """A worker's job processes: the leaders it started and has not reaped yet, and the strays jobs
+    leave behind. One lock orders spawning, reaping and stray hunting, so a leader is never
+    mistaken for a stray."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leaders: set[int] = set()
+
+    def spawn(self, command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        with self._lock:
+            process = spawn(command, cwd, env)
+            self._leaders.add(process.pid)
+        return process
+
+    def reap(self, process: subprocess.Popen[bytes]) -> int:
+        returncode = process.wait()
+        with self._lock:
+            self._leaders.discard(process.pid)
+        return returncode
+
+    def kill_strays(self, job_id: str) -> int:
+        """SIGKILL and reap this worker's children that belong to ``job_id`` and lead no job: what the
+        job left running, re-parented here (see :func:`become_subreaper`). Returns how many."""
+        killed = 0
+        with self._lock:
+            for pid in _children() - self._leaders:
+                try:
+                    process = psutil.Process(pid)
+                    if (
+                        process.status() != psutil.STATUS_ZOMBIE
+                        and process.environ().get(JOB_ID_VARIABLE) != job_id
+                    ):
+                        continue
+                    process.send_signal(signal.SIGKILL)
+                except psutil.Error:
+                    pass
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+                    killed += 1
+        return killed
+
+
+def _children() -> set[int]:
+    """This process's children, from /proc (cheap: no scan of every process)."""
+    pids: set[int] = set()
+    for children in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids.update(int(pid) for pid in children.read_text().split())
+    return pids

@@ -15,9 +15,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import IO, Any, Literal, TypeVar
+
+import redis.exceptions
 
 from ..archive import extract, pack_outputs
 from ..errors import ArchiveError, ArtifactTooLarge
@@ -32,14 +34,17 @@ from ..store.artifacts import (
     MissingArtifact,
 )
 from ..store.execution import Claim, ExecutionStore
-from .process import exit_notifier, has_exited, signal_group, signal_tree, spawn
+from .process import JobProcesses, exit_notifier, has_exited, signal_group, signal_tree
 
 log = logging.getLogger("gpulayer.worker")
+T = TypeVar("T")
 
 #: Why a job stops before its command ends by itself.
 StopReason = Literal["cancel", "timeout", "requeue", "stale"]
 #: The runner looks at the clock at least this often (s) while its process runs.
 _TICK = 0.25
+#: Seconds between tries of a Redis call while Redis cannot be reached.
+_REDIS_RETRY = 0.5
 #: A cancelled job's processes get this long (s) after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
 _READ = 65536
@@ -59,22 +64,29 @@ class Ending:
     outputs: OutputSummary | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every runner of one worker shares."""
+
+    store: ExecutionStore
+    artifacts: ArtifactStore
+    settings: Settings
+    processes: JobProcesses
+    #: Seconds a job's lease holds without renewal: how long a runner keeps retrying Redis.
+    lease_ttl: float
+
+
 class JobRunner:
     def __init__(
-        self,
-        claim: Claim,
-        spec: JobSpec,
-        store: ExecutionStore,
-        artifacts: ArtifactStore,
-        settings: Settings,
-        workdir: Path,
-        base_env: Mapping[str, str],
+        self, claim: Claim, spec: JobSpec, context: Context, workdir: Path, base_env: Mapping[str, str]
     ) -> None:
         self.claim = claim
         self.spec = spec
-        self._store = store
-        self._artifacts = artifacts
-        self._settings = settings
+        self._store = context.store
+        self._artifacts = context.artifacts
+        self._settings = context.settings
+        self._processes = context.processes
+        self._lease_ttl = context.lease_ttl
         self._workdir = workdir
         self._base_env = base_env
         self._lock = threading.Lock()
@@ -115,7 +127,7 @@ class JobRunner:
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
-        status = self._store.start(self.claim)
+        status = self._persist(self._store.start, self.claim)
         if status == "stale":
             log.warning(
                 "job %s: attempt %d is no longer this worker's; not starting it",
@@ -133,7 +145,7 @@ class JobRunner:
             "GPULAYER_ATTEMPT": str(self.claim.attempt),
         }
         try:
-            process = spawn(self.spec.command, self._workdir, env)
+            process = self._processes.spawn(self.spec.command, self._workdir, env)
         except OSError as exc:
             code, reason = _spawn_failure(self.spec.command[0], exc)
             self._system(reason)
@@ -148,8 +160,11 @@ class JobRunner:
         except BaseException:
             # The worker cannot follow the job any more (Redis gone, a bug): it must not run on unseen.
             signal_tree(process.pid, signal.SIGKILL)
-            process.wait()
+            self._processes.reap(process)
             raise
+        strays = self._processes.kill_strays(self.job_id)
+        if strays:
+            self._system(f"stopped {strays} process(es) the job left running")
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
@@ -162,9 +177,15 @@ class JobRunner:
         )
         for name in names:
             with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
-                self._artifacts.get_inputs(self.job_id, name, archive)
-                archive.seek(0)
+                self._persist(self._download, name, archive)
                 extract(archive, self._workdir)
+
+    def _download(self, name: str, archive: IO[bytes]) -> None:
+        # From the start on every try, so a download cut short by Redis leaves nothing behind.
+        archive.seek(0)
+        archive.truncate()
+        self._artifacts.get_inputs(self.job_id, name, archive)
+        archive.seek(0)
 
     def _pump(self, process: subprocess.Popen[bytes]) -> int:
         """Forward the process's output to the job's log until it and everything it started are gone."""
@@ -203,7 +224,7 @@ class JobRunner:
                         selector.unregister(key.fileobj)
                         if partial[key.data]:
                             lines.append((key.data, _text(partial.pop(key.data))))
-                if lines and not self._store.append_logs(self.claim, lines):
+                if lines and not self._persist(self._store.append_logs, self.claim, lines):
                     self.stop("stale")
                 if notifier is None and exited_at is None and has_exited(pid):
                     exited_at = time.monotonic()
@@ -219,7 +240,7 @@ class JobRunner:
                 os.close(notifier)
             process.stdout.close()
             process.stderr.close()
-        return process.wait()
+        return self._processes.reap(process)
 
     def _enforce(self, pid: int, kill_at: float | None) -> float | None:
         """Apply the timeout and any stop: SIGTERM first, SIGKILL once the grace has passed. Returns
@@ -259,9 +280,13 @@ class JobRunner:
                 )
             except ArtifactTooLarge as exc:
                 return None, str(exc)
-            archive.seek(0)
-            self._artifacts.put_outputs(self.job_id, self.claim.attempt, OUTPUTS_ARCHIVE, archive)
+            self._persist(self._upload, archive)
         return summary, None
+
+    def _upload(self, archive: IO[bytes]) -> None:
+        # From the start on every try; the staged key is overwritten chunk by chunk.
+        archive.seek(0)
+        self._artifacts.put_outputs(self.job_id, self.claim.attempt, OUTPUTS_ARCHIVE, archive)
 
     def _outcome(self, returncode: int, outputs: OutputSummary | None, too_large: str | None) -> Ending:
         code = _shell_code(returncode)
@@ -285,17 +310,20 @@ class JobRunner:
 
     def _end(self, ending: Ending, seconds: float) -> None:
         state, reason = ending.state, ending.reason
-        if self._store.finish(
+        finished = self._persist(
+            self._store.finish,
             self.claim,
             state,
             exit_code=ending.exit_code,
             reason=reason,
             outputs=ending.outputs,
             seconds=seconds,
-        ):
-            log.info(
-                "job %s: %s%s (%.3f s)", self.job_id, state.value, f": {reason}" if reason else "", seconds
-            )
+        )
+        said = f"{state.value}{f': {reason}' if reason else ''} ({seconds:.3f} s)"
+        if finished == "ended":
+            log.info("job %s: %s", self.job_id, said)
+        elif finished == "retry":
+            log.info("job %s: attempt %d %s; it will run again", self.job_id, self.claim.attempt, said)
         else:
             log.warning(
                 "job %s: attempt %d lost the job before it ended; its result is dropped",
@@ -305,16 +333,31 @@ class JobRunner:
 
     def _give_back(self) -> None:
         if self._stop == "requeue":
-            self._store.requeue(
-                f"worker {self._store.worker} stopped; the job goes back to its queue", [self.job_id]
-            )
+            message = f"worker {self._store.worker} stopped; the job goes back to its queue"
+            self._persist(self._store.requeue, "returned", message, [self.job_id])
         else:
             log.warning(
                 "job %s: attempt %d lost the job; its processes were stopped", self.job_id, self.claim.attempt
             )
 
     def _system(self, text: str) -> None:
-        self._store.append_logs(self.claim, [("system", text)])
+        self._persist(self._store.append_logs, self.claim, [("system", text)])
+
+    def _persist(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A Redis call the job cannot do without, retried through a Redis outage for as long as the
+        job's lease could still hold; past that, the job is presumed taken over and the error raised."""
+        deadline = None
+        while True:
+            try:
+                return call(*args, **kwargs)
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self._lease_ttl
+                    log.warning("job %s: cannot reach Redis (%s); retrying", self.job_id, exc)
+                if now >= deadline:
+                    raise
+                time.sleep(_REDIS_RETRY)
 
 
 def _remove(folder: Path) -> None:

@@ -36,16 +36,19 @@ from rq.command import parse_payload
 from rq.queue import Queue
 from rq.worker import BaseWorker, WorkerStatus
 
+from ..errors import ConfigError
 from ..inventory import GPU, Offer, WorkerInfo
-from ..models import JobSpec, JobState, validation_message
+from ..models import MAX_SPEC_BYTES, JobSpec, JobState, validation_message
 from ..settings import Settings
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
 from ..store.keys import Keys
 from ..store.scripts import Scripts
+from .leases import LeaseKeeper
 from .listener import Listener
+from .process import JobProcesses, become_subreaper
 from .queues import ServedQueues
-from .runner import JobRunner, StopReason
+from .runner import Context, JobRunner, StopReason
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -53,8 +56,12 @@ log = logging.getLogger("gpulayer.worker")
 WORKER_TTL = 60
 #: Seconds between runs of RQ's registry cleaning and our index pruning.
 MAINTENANCE_INTERVAL = 60
-#: Seconds between heartbeats.
+#: Seconds a job's lease holds without renewal; after that the reaper gives the job to another worker.
+LEASE_TTL = 15.0
+#: Seconds between heartbeats, each renewing every lease the worker holds.
 HEARTBEAT_INTERVAL = 5.0
+#: Set to ``exit-after-claim`` (tests only), a worker dies right after claiming: the dequeue window.
+FAULT_VARIABLE = "GPULAYER_TEST_FAULT"
 #: Ends the name of each job folder, so a restart removes those and nothing else in --workdir.
 JOB_FOLDER_SUFFIX = ".gljob"
 #: Longest sleep (s) without looking at the queues, should a wake-up message be lost.
@@ -64,7 +71,6 @@ REFRESH_INTERVAL = 5.0
 #: Woken by a submit while busy, a worker waits this long times how busy it is (0 to 1) before it
 #: claims, so a less busy worker that fits takes the job first (spread).
 SPREAD_DELAY = 0.05
-_MAX_BACKOFF = 60.0
 
 
 class Worker(BaseWorker):
@@ -82,8 +88,16 @@ class Worker(BaseWorker):
         labels: dict[str, str] | None = None,
         frameworks: dict[str, str] | None = None,
         workdir: Path | None = None,
+        lease_ttl: float = LEASE_TTL,
+        heartbeat: float = HEARTBEAT_INTERVAL,
     ) -> None:
         self.keys = Keys(settings.prefix)
+        if not 0 < heartbeat < lease_ttl:
+            raise ConfigError(
+                f"the heartbeat ({heartbeat:g} s) must be shorter than the lease ({lease_ttl:g} s)"
+            )
+        self.lease_ttl = lease_ttl
+        self.heartbeat_interval = heartbeat
         self.settings = settings
         self.display_name = name
         self.offer = Offer(
@@ -106,6 +120,8 @@ class Worker(BaseWorker):
         self._submitted = False
         self.store = ExecutionStore(connection, self.keys, Scripts(connection, self.keys, settings), name)
         self.artifacts = RedisArtifactStore(connection, self.keys)
+        self._context = Context(self.store, self.artifacts, settings, JobProcesses(), lease_ttl)
+        self._keeper: LeaseKeeper | None = None
         self.workdir = workdir or settings.home / "work" / name
         self._base_env = dict(os.environ)
         self._runners: dict[str, JobRunner] = {}
@@ -115,8 +131,14 @@ class Worker(BaseWorker):
         #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
         self.capacity = slots + len(self.offer.gpus)
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
-        self._next_heartbeat = 0.0
         self._next_suspension_check = 0.0
+        become_subreaper()
+
+    @property
+    def connection_timeout(self) -> int:
+        """Redis commands give up after this long, so a silent network shows within a lease; RQ
+        would otherwise raise the socket timeout to its own blocking dequeue's (over 400 s)."""
+        return max(1, int(self.lease_ttl / 2))
 
     # --- registration --------------------------------------------------------------------------
     def serialize(self) -> dict[str, Any]:
@@ -129,7 +151,7 @@ class Worker(BaseWorker):
     def register_birth(self) -> None:
         """Take over this name at once: a previous process under it (a machine that rebooted) gives
         its jobs back to their queues, and its registration is replaced."""
-        moved = self.store.requeue(f"worker {self.display_name} restarted; the job goes back to its queue")
+        moved = self.store.requeue("lost", f"worker {self.display_name} restarted; its previous run is gone")
         # Job folders a previous process under this name left behind belong to jobs it no longer holds.
         for folder in self.workdir.glob(f"*{JOB_FOLDER_SUFFIX}"):
             shutil.rmtree(folder, ignore_errors=True)
@@ -147,11 +169,30 @@ class Worker(BaseWorker):
         the wake-up channel of each served queue (kept current by :meth:`_refresh_queues`)."""
         self._listener = Listener(self.connection, self._channels())
         self._listener.start()
+        self._keeper = LeaseKeeper(
+            self.store,
+            self.incarnation,
+            interval=self.heartbeat_interval,
+            lease_ttl=self.lease_ttl,
+            registration_ttl=self.worker_ttl + 60,
+            running=self._running_attempts,
+            stop_job=self._stop_job,
+            stop_all=self._stop_all,
+        )
+        self._keeper.start()
         self._refresh_queues()
 
     def unsubscribe(self) -> None:
+        if self._keeper is not None:
+            self._keeper.stop()
         if self._listener is not None:
             self._listener.stop()
+
+    def _running_attempts(self) -> list[tuple[str, int]]:
+        """Every job this worker holds a lease on: running, or claimed and about to run."""
+        with self._lock:
+            claims = [runner.claim for runner in self._runners.values()] + list(self._claimed)
+        return [(claim.job_id, claim.attempt) for claim in claims]
 
     def _channels(self) -> dict[str, Any]:
         channels: dict[str, Any] = {
@@ -178,22 +219,7 @@ class Worker(BaseWorker):
         log.info("worker %s: serving %s", self.display_name, ", ".join(self._served.names))
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        """At most every HEARTBEAT_INTERVAL: renew the registration, stop jobs whose cancel arrived
-        while the channel was down, and stop everything if another process took over the name."""
-        now = time.monotonic()
-        if now < self._next_heartbeat:
-            return
-        self._next_heartbeat = now + HEARTBEAT_INTERVAL
-        alive, cancelled = self.store.heartbeat(self.incarnation, self.worker_ttl + 60)
-        if not alive:
-            log.error(
-                "worker %s: another process took over this name; stopping without writing more",
-                self.display_name,
-            )
-            self._stop_all("stale")
-            self._stop_requested = True
-        for job_id in cancelled:
-            self._stop_job(job_id)
+        """RQ's loop calls this after every job; heartbeats come from the LeaseKeeper thread instead."""
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
@@ -214,11 +240,11 @@ class Worker(BaseWorker):
         Returns None to end the loop: a stop, an empty queue in burst mode (``timeout`` None), or idleness."""
         idle_since = time.monotonic()
         backoff = 1.0
-        while not self._stop_requested:
+        while not self._stop_requested and not (self._keeper and self._keeper.taken_over.is_set()):
             try:
-                self.heartbeat()
                 if self._claimed:
-                    claim = self._claimed.popleft()
+                    with self._lock:
+                        claim = self._claimed.popleft()
                     return claim, self.queue_class(claim.queue, connection=self.connection)
                 if time.monotonic() >= self._next_refresh:
                     self._refresh_queues()
@@ -233,9 +259,17 @@ class Worker(BaseWorker):
                     self._submitted = False
                     self._wake.clear()
                     offer = self.offer
-                    self._claimed.extend(
-                        self.store.claim(self._served.claim_order(), free, offer.slots, offer.memory)
+                    claims = self.store.claim(
+                        self._served.claim_order(),
+                        free,
+                        offer.slots,
+                        offer.memory,
+                        int(self.lease_ttl * 1000),
                     )
+                    if claims and os.environ.get(FAULT_VARIABLE) == "exit-after-claim":
+                        os._exit(9)
+                    with self._lock:
+                        self._claimed.extend(claims)
                     backoff = 1.0
                     if self._claimed:
                         continue
@@ -246,32 +280,25 @@ class Worker(BaseWorker):
                 elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                     return None
                 self._wake.wait(POLL_INTERVAL)
-            except redis.exceptions.ConnectionError as exc:
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 log.error(
                     "worker %s: cannot reach Redis (%s); retrying in %.0f s", self.display_name, exc, backoff
                 )
                 time.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF)
+                backoff = min(backoff * 2, self.heartbeat_interval)
         return None
 
     def execute_job(self, job: Claim, queue: Queue) -> None:  # type: ignore[override]
         """Start the job in a free slot and return at once."""
         try:
-            spec = JobSpec.model_validate_json(job.spec_json)
-        except ValidationError as exc:
-            reason = f"invalid job record: {validation_message(exc)}"
+            spec = _read_spec(job.spec_json)
+        except ValueError as exc:
+            reason = f"invalid job record: {exc}"
             self.store.finish(job, JobState.FAILED, exit_code=None, reason=reason, outputs=None, seconds=0.0)
             log.error("job %s: %s", job.job_id, reason)
             return
-        runner = JobRunner(
-            job,
-            spec,
-            self.store,
-            self.artifacts,
-            self.settings,
-            self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}",
-            {**self._base_env, **self._gpu_env(job)},
-        )
+        folder = self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
+        runner = JobRunner(job, spec, self._context, folder, {**self._base_env, **self._gpu_env(job)})
         with self._lock:
             self._runners[job.job_id] = runner
         if self.get_state() != WorkerStatus.BUSY:
@@ -310,7 +337,10 @@ class Worker(BaseWorker):
     def handle_payload(self, message: dict[Any, Any]) -> None:
         payload = parse_payload(message)
         if payload.get("command") == "stop-job":
-            self._stop_job(str(payload.get("job_id")))
+            self._stop_job(str(payload.get("job_id")), "cancel")
+        elif payload.get("command") == "shutdown" and payload.get("requeue"):
+            # `gpulayer worker stop --requeue`: a cold shutdown, as a second signal would be.
+            self.request_force_stop(0, None)
         else:
             super().handle_payload(message)  # type: ignore[no-untyped-call]
 
@@ -323,12 +353,12 @@ class Worker(BaseWorker):
         self._submitted = True
         self._wake.set()
 
-    def _stop_job(self, job_id: str) -> None:
+    def _stop_job(self, job_id: str, reason: StopReason) -> None:
         with self._lock:
             runner = self._runners.get(job_id)
         if runner is not None:
-            log.info("job %s: cancel requested; stopping its processes", job_id)
-            runner.stop("cancel")
+            log.info("job %s: stopping its processes (%s)", job_id, reason)
+            runner.stop(reason)
 
     def _stop_all(self, reason: StopReason) -> None:
         with self._lock:
@@ -356,9 +386,23 @@ class Worker(BaseWorker):
     def teardown(self) -> None:
         if self._claimed:
             self.store.requeue(
+                "returned",
                 f"worker {self.display_name} stopped before starting the job; it goes back to its queue",
                 [claim.job_id for claim in self._claimed],
             )
             self._claimed.clear()
         self._pool.shutdown(wait=True)
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+def _read_spec(raw: bytes | None) -> JobSpec:
+    """The stored spec, or ValueError with a one-line reason: a job written to Redis by anything
+    other than a client can be missing, garbled or huge, and must fail, not crash the worker."""
+    if raw is None:
+        raise ValueError("it has no spec")
+    if len(raw) > MAX_SPEC_BYTES:
+        raise ValueError(f"its spec is {len(raw)} bytes, over the {MAX_SPEC_BYTES} allowed")
+    try:
+        return JobSpec.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ValueError(validation_message(exc)) from None

@@ -3,7 +3,8 @@
 -- is recorded as scheduled there, together, so no crash loses a job and no two jobs hold one GPU.
 -- KEYS[1] rq:suspended   KEYS[2] the worker's set of jobs   KEYS[3] the worker's usage hash
 -- ARGV[1] N   ARGV[2] worker (RQ name)   ARGV[3] now (RQ timestamp)   ARGV[4] CPU slots   ARGV[5] memory
--- ARGV[6..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
+-- ARGV[6] lease (ms): each claimed job's lease, renewed by the worker's heartbeats
+-- ARGV[7..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
 --           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
 -- Returns a flat list: id, attempt, spec JSON, queue name, GPU indices ("0,2"), for each claimed job.
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or not queued are dropped.
@@ -15,7 +16,8 @@ local used = redis.call('hmget', KEYS[3], 'cpus', 'memory')
 local cpus_used, memory_used = tonumber(used[1]) or 0, tonumber(used[2]) or 0
 local cpus_total, memory_total = tonumber(ARGV[4]), tonumber(ARGV[5])
 local out = {}
-for q = 6, #ARGV, 5 do
+local lease_until = now_ms() + tonumber(ARGV[6])
+for q = 7, #ARGV, 5 do
   local queue = ARGV[q]
   local gpus, cpus, memory = tonumber(ARGV[q + 1]), tonumber(ARGV[q + 2]), tonumber(ARGV[q + 3])
   while want > 0 and cpus_used + cpus <= cpus_total and memory_used + memory <= memory_total do
@@ -53,6 +55,7 @@ for q = 6, #ARGV, 5 do
       redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'gl_gpus', indices,
         'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3])
       redis.call('sadd', KEYS[2], id)
+      redis.call('zadd', LEASES, lease_until, id)
       redis.call('zadd', key(K.started, queue), '+inf', id .. ':' .. attempt)
       out[#out + 1] = id
       out[#out + 1] = attempt

@@ -1,13 +1,26 @@
--- submit.lua: create a job and queue it, or do nothing if the id is taken.
+-- submit.lua: create a job and queue it; or, for an idempotency key already used by a live job,
+-- return that job instead; or do nothing if the id is taken.
 -- KEYS[1] the job's hash   KEYS[2] its queue   KEYS[3] its input files (uploaded with a TTL; kept from now on)
 -- ARGV[1] job id   ARGV[2] score: creation time in µs   ARGV[3] queue name
 -- ARGV[4] the queue's requirements and priority (JSON), registered with its first job
--- ARGV[5..] field, value pairs of the job's hash
--- Returns 1, or 0 when a job with this id exists.
-if redis.call('exists', KEYS[1]) == 1 then
-  return 0
+-- ARGV[5] the idempotency key's Redis key, or ''
+-- ARGV[6..] field, value pairs of the job's hash
+-- Returns {1, id} when created, {2, id of the existing job} for a used idempotency key, {0, ''} when
+-- the id is taken.
+if ARGV[5] ~= '' then
+  local existing = redis.call('get', ARGV[5])
+  if existing and redis.call('exists', key(K.job, existing)) == 1 then
+    return {2, existing}
+  end
 end
-redis.call('hset', KEYS[1], unpack(ARGV, 5))
+if redis.call('exists', KEYS[1]) == 1 then
+  return {0, ''}
+end
+redis.call('hset', KEYS[1], unpack(ARGV, 6))
+if ARGV[5] ~= '' then
+  redis.call('set', ARGV[5], ARGV[1])
+  redis.call('hset', KEYS[1], 'gl_idempotency', ARGV[5])
+end
 redis.call('zadd', JOBS, ARGV[2], ARGV[1])
 set_state(ARGV[1], KEYS[1], 'queued')
 redis.call('rpush', KEYS[2], ARGV[1])
@@ -17,4 +30,4 @@ if redis.call('hsetnx', QUEUES, ARGV[3], ARGV[4]) == 1 then
   redis.call('publish', NEW_QUEUE, ARGV[3])
 end
 redis.call('publish', key(K.wake, ARGV[3]), ARGV[3])
-return 1
+return {1, ARGV[1]}

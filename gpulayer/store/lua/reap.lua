@@ -1,0 +1,28 @@
+-- reap.lua: every worker runs it; being one script, each expired lease is acted on exactly once.
+-- A job whose lease expired lost its worker: it runs again or fails ("worker lost"). A retry whose
+-- back-off has passed goes back to the front of its queue.
+-- ARGV[1] how many of each to handle at most   ARGV[2] now (RQ timestamp)
+-- Returns the number of jobs handled.
+local now = now_ms()
+local handled = 0
+for _, id in ipairs(redis.call('zrangebyscore', LEASES, '-inf', now, 'LIMIT', 0, ARGV[1])) do
+  local jobkey = key(K.job, id)
+  local v = redis.call('hmget', jobkey, 'gl_state', 'worker_name')
+  if (v[1] == 'scheduled' or v[1] == 'running') and v[2] then
+    lose(id, jobkey, 'worker ' .. display(v[2]) .. ' stopped renewing its lease', ARGV[2])
+  end
+  redis.call('zrem', LEASES, id)
+  handled = handled + 1
+end
+for _, id in ipairs(redis.call('zrangebyscore', DELAYED, '-inf', now, 'LIMIT', 0, ARGV[1])) do
+  local jobkey = key(K.job, id)
+  redis.call('zrem', DELAYED, id)
+  if redis.call('hget', jobkey, 'gl_state') == 'queued' then
+    local origin = redis.call('hget', jobkey, 'origin')
+    redis.call('hdel', jobkey, 'gl_retry_at')
+    redis.call('lpush', key(K.queue, origin), id)
+    redis.call('publish', key(K.wake, origin), origin)
+  end
+  handled = handled + 1
+end
+return handled
