@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import redis
 from click.testing import CliRunner, Result
@@ -163,3 +164,12 @@ def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str =
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)
+
+
+def kill_machine(pid: int) -> None:
+    """SIGKILL a worker and every process under it, its jobs included, as when its machine dies."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        for member in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
