@@ -43,7 +43,7 @@ class Listener(threading.Thread):
                 self._apply()
                 self._pubsub.get_message(timeout=_READ_TIMEOUT)
                 backoff = 1.0
-            except redis.exceptions.ConnectionError as exc:
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 # redis-py subscribes again to every channel when it reconnects.
                 log.error("pub/sub connection lost (%s); retrying in %.0f s", exc, backoff)
                 time.sleep(backoff)
