@@ -98,7 +98,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
     name = options["name"] or socket.gethostname()
     found = detect(fake_gpus=options["fake_gpus"], gpus=options["gpus"], owner=name)
     worker = Worker(
-        connect(url, socket_timeout=max(1.0, options["lease_ttl"] / 2)),
+        connect(url, socket_timeout=max(1.0, options["lease_ttl"] / 2), retries=0),
         settings,
         name=name,
         slots=options["slots"] or found.cpus,

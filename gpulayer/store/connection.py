@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ..errors import ConfigError
 
@@ -14,13 +17,16 @@ _SCHEMES = ("redis", "rediss", "unix")
 BLOCK_MS = 5000
 
 
-def connect(url: str, *, socket_timeout: float | None = 30.0) -> Redis:
-    """A client for ``url``; nothing is sent until the first command."""
+def connect(url: str, *, socket_timeout: float | None = 30.0, retries: int | None = None) -> Redis:
+    """A client for ``url``; nothing is sent until the first command. ``retries``: how often redis-py
+    itself retries a command that lost its connection (default: its own setting); a worker sets 0,
+    because it retries on its own terms and must notice a dead network within a lease."""
     if urlsplit(url).scheme not in _SCHEMES:
         raise ConfigError(f"not a Redis URL: {redact(url)} (expected redis://host:port/db)")
-    return Redis.from_url(
-        url, socket_connect_timeout=5, socket_timeout=socket_timeout, health_check_interval=30
-    )
+    options: dict[str, Any] = {"socket_connect_timeout": min(5.0, socket_timeout or 5.0)}
+    if retries is not None:
+        options["retry"] = Retry(NoBackoff(), retries)
+    return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
 
 
 def redact(url: str) -> str:

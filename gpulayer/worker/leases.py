@@ -1,12 +1,14 @@
 """The worker's heartbeat, in a thread of its own so nothing else the worker does can delay it.
 
-Every beat renews the worker's registration and the lease of each job it runs, stops the jobs that
-were cancelled or that it no longer owns, and runs the reaper. A worker that cannot renew its
-leases for a whole lease period stops its jobs itself: by then another worker may run them.
+Every beat renews the worker's registration and the lease of each job it runs, and stops the jobs
+that were cancelled or that it no longer owns. Every second it runs the reaper, so an expired lease
+or a retry whose back-off is over is acted on within a second. A worker that cannot renew its leases
+for a whole lease period stops its jobs itself: by then another worker may run them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -18,6 +20,8 @@ from ..store.execution import ExecutionStore
 from .runner import StopReason
 
 log = logging.getLogger("gpulayer.worker")
+#: Seconds between runs of the reaper (at most; never less often than the heartbeat).
+REAP_INTERVAL = 1.0
 
 
 class LeaseKeeper(threading.Thread):
@@ -45,12 +49,34 @@ class LeaseKeeper(threading.Thread):
         self._stop_all = stop_all
         self._stopping = threading.Event()
         self._renewed = time.monotonic()
+        self._reachable = True
+        self._fenced = False
         #: Set when another process took over the worker's name: the worker must stop.
         self.taken_over = threading.Event()
 
     def run(self) -> None:
-        while not self._stopping.wait(self._interval):
-            self.beat()
+        tick = min(self._interval, REAP_INTERVAL)
+        next_beat = time.monotonic() + self._interval
+        while not self._stopping.wait(tick):
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + self._interval
+                self.beat()
+            if self._reachable:
+                self.reap()
+            self._fence()
+
+    def reap(self) -> None:
+        # Redis out of reach is for the beat to report and act on.
+        with contextlib.suppress(redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            self._store.reap()
+
+    def _fence(self) -> None:
+        """Past a whole lease without renewal, every job may already run elsewhere: stop them all."""
+        if not self._fenced and time.monotonic() - self._renewed > self._lease_ttl:
+            self._fenced = True
+            log.error("worker %s: leases expired; stopping every job (another worker may run them)",
+                      self._store.worker)  # fmt: skip
+            self._stop_all("stale")
 
     def stop(self) -> None:
         self._stopping.set()
@@ -61,6 +87,7 @@ class LeaseKeeper(threading.Thread):
             running = list(self._running())
             result = self._store.heartbeat(self._incarnation, self._registration_ttl, self._lease_ms, running)
             self._renewed = time.monotonic()
+            self._reachable, self._fenced = True, False
             if not result.alive:
                 log.error("worker %s: another process took over this name; stopping", self._store.worker)
                 self._stop_all("stale")
@@ -71,11 +98,7 @@ class LeaseKeeper(threading.Thread):
             for job_id in result.lost:
                 log.warning("job %s: its lease went to another worker; stopping it here", job_id)
                 self._stop_job(job_id, "stale")
-            self._store.reap()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            self._reachable = False
             silent = time.monotonic() - self._renewed
-            log.error("worker %s: cannot renew leases (%s) for %.0f s", self._store.worker, exc, silent)
-            if silent > self._lease_ttl:
-                log.error("worker %s: leases expired; stopping every job (another worker may run them)",
-                          self._store.worker)  # fmt: skip
-                self._stop_all("stale")
+            log.error("worker %s: cannot renew leases (%s) for %.1f s", self._store.worker, exc, silent)
