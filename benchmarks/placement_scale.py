@@ -24,6 +24,7 @@ import json
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -88,6 +89,18 @@ def claimer(connection: redis.Redis, settings: Settings) -> Worker:
     return worker
 
 
+def fill(submit: Callable[[int], object], queued: int, milestone: int) -> tuple[int, float]:
+    """Submit until ``milestone`` jobs are queued; returns that count and the mean ms of the last WINDOW."""
+    while queued < milestone - WINDOW:
+        submit(queued)
+        queued += 1
+    started = time.perf_counter()
+    while queued < milestone:
+        submit(queued)
+        queued += 1
+    return queued, (time.perf_counter() - started) / WINDOW * 1000
+
+
 def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, dict[str, float]]:
     flush(url)
     settings = Settings(home=home)
@@ -101,23 +114,16 @@ def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, di
     for milestone in MILESTONES:
         if milestone > jobs:
             break
-        while queued < milestone - WINDOW:
-            client.submit(["true"], **sets[queued % len(sets)])
-            queued += 1
-        started = time.perf_counter()
-        while queued < milestone:
-            client.submit(["true"], **sets[queued % len(sets)])
-            queued += 1
-        submit_ms = (time.perf_counter() - started) / WINDOW * 1000
+        queued, submit_ms = fill(lambda n: client.submit(["true"], **sets[n % len(sets)]), queued, milestone)
         worker._served.update(worker.store.queue_registry())
         spent = 0.0
         for _ in range(CLAIMS):
             started = time.perf_counter()
-            claimed = worker.store.claim(worker._served.claim_order(), 1, 8, 64 * GiB)
+            claimed = worker.store.claim(worker._served.claim_order(), 1, 8, 64 * GiB, 60_000)
             spent += time.perf_counter() - started
             assert len(claimed) == 1
             # Given back so the depth stays as measured; not timed.
-            worker.store.requeue("benchmark", [claimed[0].job_id])
+            worker.store.requeue("returned", "benchmark", [claimed[0].job_id])
         claim_ms = spent / CLAIMS * 1000
         requirements = client.jobs(limit=1)[0].spec.requirements
         started = time.perf_counter()
@@ -140,14 +146,9 @@ def rq_side(url: str, jobs: int) -> dict[str, dict[str, float]]:
     for milestone in MILESTONES:
         if milestone > jobs:
             break
-        while queued < milestone - WINDOW:
-            queues[queued % 50].enqueue("rq_tasks.run_command", "true")
-            queued += 1
-        started = time.perf_counter()
-        while queued < milestone:
-            queues[queued % 50].enqueue("rq_tasks.run_command", "true")
-            queued += 1
-        submit_ms = (time.perf_counter() - started) / WINDOW * 1000
+        queued, submit_ms = fill(
+            lambda n: queues[n % 50].enqueue("rq_tasks.run_command", "true"), queued, milestone
+        )
         spent = 0.0
         for _ in range(CLAIMS):
             started = time.perf_counter()

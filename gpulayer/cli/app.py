@@ -66,6 +66,13 @@ def key_values(ctx: click.Context, param: click.Parameter, values: tuple[str, ..
     return pairs
 
 
+def label_option(help: str) -> Callable[[F], F]:
+    """``--label KEY=VALUE``, repeatable, as a dict."""
+    return click.option(
+        "--label", "labels", multiple=True, metavar="KEY=VALUE", callback=key_values, help=help
+    )
+
+
 def requirement_options(command: F) -> F:
     """What a job needs from its machine, as `submit` and `plan` take it (the fields of Requirements)."""
     options = [
@@ -94,14 +101,7 @@ def requirement_options(command: F) -> F:
             "--cpus", type=click.IntRange(0), help="CPU slots it holds (default 1; 0 for a GPU job)."
         ),
         click.option("--memory", metavar="SIZE", help="Memory of the worker it holds while it runs (8GB)."),
-        click.option(
-            "--label",
-            "labels",
-            multiple=True,
-            metavar="KEY=VALUE",
-            callback=key_values,
-            help="Worker label it needs, exactly; repeatable.",
-        ),
+        label_option("Worker label it needs, exactly; repeatable."),
     ]
     for option in reversed(options):
         command = option(command)

@@ -15,7 +15,7 @@ from ..store.connection import connect
 from ..units import format_size
 from ..worker import Worker
 from ..worker.worker import HEARTBEAT_INTERVAL, LEASE_TTL
-from .app import F, duration, key_values, open_client, redis_url_option, resolve
+from .app import F, duration, label_option, open_client, redis_url_option, resolve
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -43,14 +43,7 @@ def _worker_options(command: F) -> F:
             help="Simulated GPUs to offer instead of real ones, for tests: "
             '[{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}].',
         ),
-        click.option(
-            "--label",
-            "labels",
-            multiple=True,
-            metavar="KEY=VALUE",
-            callback=key_values,
-            help="A label jobs can ask for with --label; repeatable.",
-        ),
+        label_option("A label jobs can ask for with --label; repeatable."),
         click.option(
             "--lease-ttl",
             type=click.FloatRange(min=0, min_open=True),
