@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +19,7 @@ from pathlib import Path
 import redis
 
 from gpulayer.server import free_port, start_redis, wait_ready
+from gpulayer.signing import ensure_secret
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -34,6 +37,15 @@ def private_redis(folder: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(10)
+
+
+@contextmanager
+def private_installation() -> Iterator[tuple[str, Path]]:
+    """A private Redis and a GPUlayer home (with a secret, for remote functions) in a temporary folder."""
+    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp)) as url:
+        home = Path(tmp) / "home"
+        ensure_secret(home)
+        yield url, home
 
 
 def flush(url: str) -> None:
@@ -84,3 +96,21 @@ def save(name: str, result: dict[str, object]) -> Path:
 
 def python() -> str:
     return sys.executable
+
+
+def gpulayer_worker(url: str, name: str, slots: int, *extra: str) -> list[str]:
+    """The command of a GPUlayer worker logging at WARNING, as every benchmark runs it."""
+    return [python(), "-m", "gpulayer", "worker", "start", "--redis-url", url, "--name", name,
+            "--slots", str(slots), "--log-level", "WARNING", *extra]  # fmt: skip
+
+
+def rq_worker(url: str, worker_class: str, *extra: str, queue: str = "bench") -> list[str]:
+    """The command of a plain RQ worker logging at WARNING."""
+    return [python(), "-m", "rq.cli", "worker", "--url", url, "-w", worker_class,
+            "--logging_level", "WARNING", *extra, queue]  # fmt: skip
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a worker and wait for it to exit."""
+    process.send_signal(signal.SIGTERM)
+    process.wait(30)

@@ -20,13 +20,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import tempfile
 import time
 from pathlib import Path
 
 import redis
-from _common import flush, median, percentile, private_redis, python, save, spawn, wait_all
+from _common import (
+    flush,
+    gpulayer_worker,
+    median,
+    percentile,
+    private_installation,
+    python,
+    rq_worker,
+    save,
+    spawn,
+    stop,
+    wait_all,
+)
 from rq import Queue
 from rq.job import Job as RQJob
 
@@ -43,7 +53,7 @@ def gpulayer_throughput(url: str, home: Path, jobs: int, workers: int, slots: in
         client.submit(["true"])
     submit_ms = (time.perf_counter() - started) / jobs * 1000
     processes = [
-        spawn(_gpulayer_worker(url, f"w{i}", slots, "--burst"), env={"GPULAYER_HOME": str(home)})
+        spawn(gpulayer_worker(url, f"w{i}", slots, "--burst"), env={"GPULAYER_HOME": str(home)})
         for i in range(workers)
     ]
     wait_all(processes)
@@ -63,7 +73,7 @@ def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[
     started = time.perf_counter()
     ids = [queue.enqueue(RQ_FUNCTION, "true").id for _ in range(jobs)]
     submit_ms = (time.perf_counter() - started) / jobs * 1000
-    processes = [spawn(_rq_worker(url, worker_class, "--burst")) for _ in range(workers)]
+    processes = [spawn(rq_worker(url, worker_class, "--burst")) for _ in range(workers)]
     wait_all(processes)
     records = RQJob.fetch_many(ids, connection=connection)
     assert all(job is not None and job.get_status() == "finished" for job in records)
@@ -76,7 +86,7 @@ def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[
 def gpulayer_latency(url: str, home: Path, runs: int) -> dict[str, float]:
     flush(url)
     client = Client(url, settings=Settings(home=home))
-    worker = spawn(_gpulayer_worker(url, "idle", 2), env={"GPULAYER_HOME": str(home)})
+    worker = spawn(gpulayer_worker(url, "idle", 2), env={"GPULAYER_HOME": str(home)})
     while not client.workers():
         time.sleep(0.01)
     latencies = []
@@ -84,7 +94,7 @@ def gpulayer_latency(url: str, home: Path, runs: int) -> dict[str, float]:
         record = client.submit(["true"]).wait(30)
         assert record.started_at is not None
         latencies.append((record.started_at - record.created_at).total_seconds() * 1000)
-    _stop(worker)
+    stop(worker)
     client.close()
     return {"p50_ms": median(latencies), "p95_ms": percentile(latencies, 0.95)}
 
@@ -93,7 +103,7 @@ def rq_latency(url: str, runs: int, worker_class: str) -> dict[str, float]:
     flush(url)
     connection = redis.Redis.from_url(url)
     queue = Queue("bench", connection=connection)
-    worker = spawn(_rq_worker(url, worker_class))
+    worker = spawn(rq_worker(url, worker_class))
     from rq import Worker
 
     while not Worker.all(connection=connection):
@@ -106,7 +116,7 @@ def rq_latency(url: str, runs: int, worker_class: str) -> dict[str, float]:
         assert job.started_at is not None
         assert job.enqueued_at is not None
         latencies.append((job.started_at - job.enqueued_at).total_seconds() * 1000)
-    _stop(worker)
+    stop(worker)
     connection.close()
     return {"p50_ms": median(latencies), "p95_ms": percentile(latencies, 0.95)}
 
@@ -115,31 +125,16 @@ def log_delay(url: str, home: Path, lines: int = 100) -> dict[str, float]:
     """Each line carries the time it was printed; the follower notes when it got it (one clock)."""
     flush(url)
     client = Client(url, settings=Settings(home=home))
-    worker = spawn(_gpulayer_worker(url, "logs", 1), env={"GPULAYER_HOME": str(home)})
+    worker = spawn(gpulayer_worker(url, "logs", 1), env={"GPULAYER_HOME": str(home)})
     while not client.workers():
         time.sleep(0.01)
     script = f"import time\nfor _ in range({lines}):\n    print(time.time())\n    time.sleep(0.02)\n"
     job = client.submit([python(), "-c", script])
     delays = [(time.time() - float(line.text)) * 1000 for line in job.logs(follow=True)]
-    _stop(worker)
+    stop(worker)
     client.close()
     assert len(delays) == lines
     return {"p50_ms": median(delays), "p99_ms": percentile(delays, 0.99)}
-
-
-def _gpulayer_worker(url: str, name: str, slots: int, *extra: str) -> list[str]:
-    return [python(), "-m", "gpulayer", "worker", "start", "--redis-url", url, "--name", name,
-            "--slots", str(slots), "--log-level", "WARNING", *extra]  # fmt: skip
-
-
-def _rq_worker(url: str, worker_class: str, *extra: str) -> list[str]:
-    return [python(), "-m", "rq.cli", "worker", "--url", url, "-w", worker_class,
-            "--logging_level", "WARNING", *extra, "bench"]  # fmt: skip
-
-
-def _stop(process: object) -> None:
-    process.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
-    process.wait(30)  # type: ignore[attr-defined]
 
 
 def main() -> None:
@@ -148,8 +143,7 @@ def main() -> None:
     parser.add_argument("--latency-runs", type=int, default=50)
     args = parser.parse_args()
     cores = os.cpu_count() or 1
-    with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp)) as url:
-        home = Path(tmp) / "home"
+    with private_installation() as (url, home):
         runs = {
             f"gpulayer, 2 workers x {cores} slots": gpulayer_throughput(url, home, args.jobs, 2, cores),
             "gpulayer, 2 workers x 1 slot": gpulayer_throughput(url, home, args.jobs, 2, 1),

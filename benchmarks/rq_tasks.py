@@ -6,3 +6,8 @@ import subprocess
 def run_command(*command: str) -> int:
     """Run a command in a subprocess, as a GPUlayer worker does, and return its exit code."""
     return subprocess.run(command, check=False).returncode
+
+
+def noop(x: object) -> object:
+    """A call that does nothing but return its argument: what `sdk_map.py` measures."""
+    return x

@@ -1,6 +1,13 @@
-"""GPUlayer: run commands on whichever machine has the GPU or CPU they need, through Redis and RQ.
+"""GPUlayer: run commands and Python functions on whichever machine has the GPU or CPU they need,
+through Redis and RQ.
 
 import gpulayer as gl
+
+@gl.remote(gpus=1)
+def train(lr: float) -> float: ...
+
+train.remote(0.01).result()                 # runs on a worker with a free GPU
+list(train.map([0.1, 0.01, 0.001]))         # one job per item
 
 job = gl.Client().submit(["python", "train.py"], source=".", outputs=["model.pt"])
 job.wait()
@@ -17,16 +24,23 @@ from .errors import (
     GpulayerError,
     InputNotFound,
     InvalidJobSpec,
+    JobCancelled,
+    JobFailed,
     JobNotFinished,
     JobNotFound,
+    JobTimedOut,
     OutputNotProduced,
     RedisUnavailable,
+    RemoteError,
     ServerError,
     SourceError,
     Unschedulable,
+    UntrustedPayload,
     WaitTimeout,
+    WorkerLost,
     WorkerNotFound,
 )
+from .functions import FunctionHandle, RemoteFunction, connect, remote
 from .inventory import GPU, Resources, WorkerInfo
 from .models import Attempt, JobRecord, JobSpec, JobState, LogLine, OutputSummary
 from .placement import Plan, Reason
@@ -45,29 +59,39 @@ __all__ = [
     "Attempt",
     "Client",
     "ConfigError",
+    "FunctionHandle",
     "GpulayerError",
     "InputNotFound",
     "InvalidJobSpec",
     "Job",
+    "JobCancelled",
+    "JobFailed",
     "JobNotFinished",
     "JobNotFound",
     "JobRecord",
     "JobSpec",
     "JobState",
+    "JobTimedOut",
     "LogLine",
     "OutputNotProduced",
     "OutputSummary",
     "Plan",
     "Reason",
     "RedisUnavailable",
+    "RemoteError",
+    "RemoteFunction",
     "Requirements",
     "Resources",
     "ServerError",
     "Settings",
     "SourceError",
     "Unschedulable",
+    "UntrustedPayload",
     "WaitTimeout",
     "WorkerInfo",
+    "WorkerLost",
     "WorkerNotFound",
     "__version__",
+    "connect",
+    "remote",
 ]

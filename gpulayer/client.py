@@ -7,11 +7,12 @@ import os
 import secrets
 import shlex
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from . import archive, placement
+from .calls import Call, CallOptions, Calls
 from .errors import (
     ArtifactTooLarge,
     JobNotFinished,
@@ -63,6 +64,7 @@ class Client:
         self._logs = LogStore(self.redis, self.keys)
         self._artifacts = RedisArtifactStore(self.redis, self.keys)
         self._workers = WorkerStore(self.redis, self.keys)
+        self._calls = Calls(self.settings, self._jobs, self._artifacts)
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
@@ -140,30 +142,67 @@ class Client:
                 f"{format_size(self.settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
             )
         uploads = [(SOURCE_ARCHIVE, source_files), (INPUTS_ARCHIVE, input_files if spec.inputs else None)]
+        staged = any(manifest is not None for _, manifest in uploads)
         while True:
-            job_id = secrets.token_hex(6)
+            job_id, upload = secrets.token_hex(6), secrets.token_hex(4)
             try:
                 for archive_name, manifest in uploads:
                     if manifest is not None:
-                        self._upload(job_id, archive_name, manifest)
-                submitted = self._jobs.submit(job_id, spec, idempotency_key)
+                        self._upload(job_id, upload, archive_name, manifest)
+                submitted = self._jobs.submit(job_id, spec, upload, idempotency_key)
             except BaseException:
-                if not self.redis.exists(self.keys.job(job_id)):
-                    self._artifacts.discard_inputs(job_id)
+                if staged:
+                    self._artifacts.discard_inputs(job_id, upload)
                 raise
             if submitted == job_id:
                 return Job(self, job_id)
             # The id was taken (try another), or the idempotency key names an existing job: what
-            # was uploaded under this id goes.
-            self._artifacts.discard_inputs(job_id)
+            # this submit staged goes.
+            if staged:
+                self._artifacts.discard_inputs(job_id, upload)
             if submitted is not None:
                 return Job(self, submitted)
 
-    def _upload(self, job_id: str, name: str, manifest: archive.Manifest) -> None:
+    def _upload(self, job_id: str, upload: str, name: str, manifest: archive.Manifest) -> None:
         with tempfile.SpooledTemporaryFile(_SPOOL) as file:
             manifest.write(file)
             file.seek(0)
-            self._artifacts.put_inputs(job_id, name, file)
+            self._artifacts.put_inputs(job_id, upload, name, file)
+
+    def submit_calls(
+        self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions | None = None
+    ) -> list[Job]:
+        """Submit one job per call of ``function`` (``(args, kwargs)`` each), many per round trip.
+        What ``@gpulayer.remote`` uses; see :mod:`gpulayer.functions`."""
+        return [Job(self, job_id) for job_id in self._calls.submit(function, calls, options or CallOptions())]
+
+    def map_calls(
+        self,
+        function: Callable[..., Any],
+        calls: Iterable[Call],
+        options: CallOptions | None = None,
+        *,
+        ordered: bool = True,
+        max_in_flight: int | None = None,
+    ) -> Iterator[Any]:
+        """Submit the calls and yield their values (see :meth:`gpulayer.RemoteFunction.map`)."""
+        return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
+
+    def function_result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait for a function job to end; return what it returned, or raise the exception it raised
+        (or :class:`JobFailed`). :class:`WaitTimeout` after ``timeout`` seconds."""
+        self._wait(job_id, timeout)
+        [ending] = self._calls.endings([job_id])
+        return self._calls.value(ending)
+
+    def _wait(self, job_id: str, timeout: float | None) -> None:
+        """Block until the job ends; :class:`JobNotFound` if there is none, :class:`WaitTimeout`
+        after ``timeout`` seconds."""
+        if self._jobs.wait_done(job_id, timeout):
+            return
+        record = Job(self, job_id).status()
+        if not record.state.is_terminal:
+            raise WaitTimeout(f"job {job_id} is still {record.state.value} after {timeout:g} s")
 
     def get(self, job_id: str) -> Job:
         """The job with this id; :class:`JobNotFound` if there is none."""
@@ -213,9 +252,7 @@ class Job:
     def wait(self, timeout: float | None = None) -> JobRecord:
         """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
         self.status()
-        if not self.client._jobs.wait_done(self.id, timeout):
-            state = self.status().state.value
-            raise WaitTimeout(f"job {self.id} is still {state} after {timeout:g} s")
+        self.client._wait(self.id, timeout)
         return self.status()
 
     def logs(self, follow: bool = False) -> Iterator[LogLine]:

@@ -16,7 +16,16 @@ The tree::
     ├── JobNotFinished         the job has not ended yet, so it has no outputs
     ├── OutputNotProduced      a declared output was not produced by the job
     ├── Unschedulable          no connected worker could ever run the job
-    └── WaitTimeout            a wait ended before the job did
+    ├── WaitTimeout            a wait ended before the job did
+    ├── UntrustedPayload       a pickle not signed with the installation's secret (never unpickled)
+    └── JobFailed              a remote function's job ended without a value
+        ├── RemoteError        it raised an exception that cannot be rebuilt here
+        ├── WorkerLost         its worker was lost, and no retry was left
+        ├── JobTimedOut        it ran past its timeout
+        └── JobCancelled       it was cancelled
+
+An exception a remote function raises is raised in the caller as itself when it can be rebuilt there
+(with the remote traceback attached), else as :class:`RemoteError`.
 
 Each carries ``exit_code``, the status the CLI exits with.
 """
@@ -89,3 +98,37 @@ class WaitTimeout(GpulayerError):
 
     # EX_TEMPFAIL from sysexits.h: try again later; distinct from the job's own exit codes.
     exit_code = 75
+
+
+class UntrustedPayload(GpulayerError):
+    """A payload was not signed with this installation's secret, so it was not unpickled."""
+
+
+class JobFailed(GpulayerError):
+    """A remote function's job ended without a value; ``job_id`` says which."""
+
+    def __init__(self, message: str, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class RemoteError(JobFailed):
+    """A remote function raised an exception that cannot be rebuilt here (its class cannot be imported,
+    or it could not be pickled). ``remote_type`` and ``remote_traceback`` describe it."""
+
+    def __init__(self, message: str, job_id: str, remote_type: str, remote_traceback: str) -> None:
+        super().__init__(message, job_id)
+        self.remote_type = remote_type
+        self.remote_traceback = remote_traceback
+
+
+class WorkerLost(JobFailed):
+    """The job's worker stopped (crashed, lost its network) and the job had no retry left."""
+
+
+class JobTimedOut(JobFailed):
+    """The job ran past its timeout and was stopped."""
+
+
+class JobCancelled(JobFailed):
+    """The job was cancelled."""

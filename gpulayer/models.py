@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidJobSpec
 from .requirements import DEFAULT, Requirements
@@ -72,8 +72,22 @@ def _relative_pattern(pattern: str) -> str:
 OutputPattern = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
+class FunctionSpec(BaseModel):
+    """What makes a job a call of a remote function: the call itself travels signed in the job's files."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The function's module and qualified name, for people reading the job.
+    name: str = Field(min_length=1, max_length=1000)
+    #: The SHA-256 of the code bundle the call runs from (unpacked once per machine).
+    bundle: str = Field(pattern=r"^[0-9a-f]{64}$")
+    #: Run in a new Python process, not a warm one kept from an earlier call.
+    fresh_process: bool = False
+
+
 class JobSpec(BaseModel):
-    """What a command job asks for. Stored with the job; the worker runs exactly this."""
+    """What a job asks for: a command, or a call of a remote function. Stored with the job; the worker
+    runs exactly this."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -87,8 +101,9 @@ class JobSpec(BaseModel):
     source: bool = False
     #: Names the inputs take in the job's folder (each input keeps its base name).
     inputs: list[str] = Field(default_factory=list, max_length=4096)
-    #: What the machine that runs it must have; jobs with the same requirements share a queue.
-    requirements: Requirements = DEFAULT
+    #: What the machine that runs it must have; jobs with the same requirements share a queue. (A
+    #: factory: the shared default is frozen, and pydantic would deep-copy a plain default per job.)
+    requirements: Requirements = Field(default_factory=lambda: DEFAULT)
     #: Higher runs first, within and across queues.
     priority: int = Field(default=0, ge=-1000, le=1000)
     #: How many times the job runs again after a failure of the kind ``retry_on`` names.
@@ -97,6 +112,8 @@ class JobSpec(BaseModel):
     retry_on: RetryOn = "lost"
     #: Seconds before the first retry; each later one waits twice as long as the one before.
     retry_delay: float = Field(default=1.0, ge=0, le=3600)
+    #: Set for a call of a remote function; ``command`` then just names it.
+    function: FunctionSpec | None = None
 
     @property
     def queue(self) -> QueueSpec:
@@ -128,6 +145,12 @@ class JobSpec(BaseModel):
     def _outputs_relative(cls, outputs: list[str]) -> list[str]:
         return [_relative_pattern(pattern) for pattern in outputs]
 
+    @model_validator(mode="after")
+    def _function_has_no_files(self) -> JobSpec:
+        if self.function and (self.source or self.inputs or self.outputs):
+            raise ValueError("a function's job carries its code and arguments: no source, inputs or outputs")
+        return self
+
     @field_validator("name")
     @classmethod
     def _name_one_line(cls, name: str | None) -> str | None:
@@ -141,7 +164,7 @@ class QueueSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    requirements: Requirements = DEFAULT
+    requirements: Requirements = Field(default_factory=lambda: DEFAULT)
     priority: int = 0
 
 

@@ -167,9 +167,15 @@ def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str =
 
 
 def kill_machine(pid: int) -> None:
-    """SIGKILL a worker and every process under it, its jobs included, as when its machine dies."""
+    """SIGKILL a worker and every process under it, its jobs included, as when its machine dies: all
+    frozen first, so the worker cannot see one of its jobs die and record it before it dies too."""
     with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)
-        for member in [*root.children(recursive=True), root]:
+        root.suspend()
+        members = [root, *root.children(recursive=True)]
+        for member in members[1:]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.suspend()
+        for member in members:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.kill()

@@ -43,7 +43,8 @@ def test_a_kill_9_storm_loses_no_job_and_records_none_as_succeeded_twice(
         processes[name] = workers.start(name, 2, *FAST)
     records = [job.status() for job in jobs]
     assert kills >= 1
-    assert {record.state for record in records} == {JobState.SUCCEEDED}
+    failed = [(r.id, r.reason, r.attempts) for r in records if r.state is not JobState.SUCCEEDED]
+    assert not failed, failed
     assert all([a.outcome for a in record.attempts].count("succeeded") == 1 for record in records)
     assert set(ledger.read_text().split()) == {job.id for job in jobs}
 

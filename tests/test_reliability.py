@@ -223,11 +223,18 @@ def test_a_garbled_job_record_fails_the_job_and_the_worker_goes_on(
     ],
 )
 def test_an_unsafe_archive_fails_the_job_with_a_clear_reason(
-    client: Client, workers: Workers, tmp_path: Path, member: tarfile.TarInfo | str, reason: str
+    client: Client,
+    workers: Workers,
+    tmp_path: Path,
+    raw_redis: redis.Redis,
+    member: tarfile.TarInfo | str,
+    reason: str,
 ) -> None:
     (tmp_path / "data.csv").write_text("1\n")
     job = client.submit(["true"], inputs=[tmp_path / "data.csv"])
-    client._artifacts.put_inputs(job.id, INPUTS_ARCHIVE, forged_archive(member))
+    # Written over the job's own files, as anyone who can reach Redis could.
+    client._artifacts.put_inputs(job.id, "forged", INPUTS_ARCHIVE, forged_archive(member))
+    raw_redis.rename(client.keys.staged_inputs(job.id, "forged"), client.keys.inputs(job.id))
     workers.start()
     record = job.wait(30)
     assert record.state is JobState.FAILED

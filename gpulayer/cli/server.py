@@ -20,6 +20,7 @@ from ..client import Client
 from ..errors import ServerError
 from ..server import free_port, shutdown_redis, start_redis, wait_ready
 from ..settings import Settings
+from ..signing import ensure_secret
 from ..store.connection import redact
 from .app import duration, redis_url_option
 
@@ -71,6 +72,7 @@ def up(
     else:
         state = _start_embedded(settings.home, state, port, bind)
     local.save(settings.home, state)
+    ensure_secret(settings.home)
     state.worker_name = name or socket.gethostname()
     state.worker_pid = _start_worker(settings.home, state.redis_url, state.worker_name, slots, gpus)
     local.save(settings.home, state)
@@ -203,7 +205,7 @@ def _summary(state: local.LocalState, home: Path) -> None:
     if state.embedded and state.bind in ("0.0.0.0", "::"):
         join_url = join_url.replace("@127.0.0.1:", f"@{_reachable_address()}:", 1)
     click.echo("To add another machine, run there:")
-    click.echo(f"  gpulayer join {join_url}")
+    click.echo(f"  gpulayer join {join_url} --secret {ensure_secret(home).decode()}")
     if state.embedded and state.bind in _LOOPBACK:
         click.echo(
             "  (this Redis listens on 127.0.0.1 only; run `gpulayer down && gpulayer up --bind 0.0.0.0` "

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..resources import detect
+from ..signing import store_secret
 from ..store.connection import connect
 from ..units import format_size
 from ..worker import Worker
@@ -64,6 +65,11 @@ def _worker_options(command: F) -> F:
             metavar="DURATION",
             help="After SIGTERM, how long a job's processes get before SIGKILL (default 10s).",
         ),
+        click.option(
+            "--secret",
+            help="The installation's secret, that function calls are signed with (`gpulayer up` prints "
+            "it); kept in $GPULAYER_HOME/secret for later runs. Or set GPULAYER_SECRET.",
+        ),
         click.option("--burst", is_flag=True, help="Exit once the queues are empty and running jobs ended."),
         click.option(
             "--workdir",
@@ -88,6 +94,8 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
     settings, url = resolve(redis_url)
     if options["kill_grace"] is not None:
         settings = dataclasses.replace(settings, kill_grace_seconds=options["kill_grace"])
+    if options["secret"]:
+        store_secret(settings.home, options["secret"].encode())
     name = options["name"] or socket.gethostname()
     found = detect(fake_gpus=options["fake_gpus"], gpus=options["gpus"], owner=name)
     worker = Worker(

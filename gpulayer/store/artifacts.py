@@ -1,19 +1,23 @@
-"""Where a job's files live: its source and input archives, and its output archive.
+"""Where a job's files live: its source and input archives, its output archive, and the code bundles
+remote functions run from.
 
 :class:`ArtifactStore` is the seam. :class:`RedisArtifactStore` keeps each archive in a Redis hash in
-1 MiB chunks. Its lifecycle runs in the job scripts: inputs are uploaded with a TTL that ``submit.lua``
-lifts, an attempt's outputs are staged and renamed into place by ``finish.lua`` only if that attempt
-still owns the job, and everything expires with the job. A store on a shared filesystem or an object
-store would implement the same five methods and keep its files alive the same way.
+1 MiB chunks. Its lifecycle runs in the job scripts: inputs are staged with a TTL and renamed into
+place by ``submit.lua`` only if the job is created, an attempt's outputs are staged and renamed into
+place by ``finish.lua`` only if that attempt still owns the job, and everything expires with the job.
+Bundles are shared by content and live a week past their last use. A store on a shared filesystem
+or an object store would implement the same methods and keep its files alive the same way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import IO, Protocol, cast
+from collections.abc import Iterable
+from typing import IO, Any, Protocol, cast
 
 from redis import Redis
+from redis.client import Pipeline
 
 from .keys import Keys
 
@@ -27,6 +31,8 @@ _BATCH = 8
 #: Files uploaded for a job that is not yet submitted, or outputs of an attempt not yet finished,
 #: disappear after this long: what a crashed client or worker leaves behind cleans itself up.
 PENDING_TTL = 3600
+#: A code bundle stays this long after the last submit or worker that used it (seconds).
+BUNDLE_TTL = 7 * 24 * 3600
 
 
 class MissingArtifact(LookupError):
@@ -38,15 +44,29 @@ class CorruptArtifact(ValueError):
 
 
 class ArtifactStore(Protocol):
-    def put_inputs(self, job_id: str, name: str, stream: IO[bytes]) -> int: ...
+    def put_inputs(
+        self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
+    ) -> int: ...
 
     def get_inputs(self, job_id: str, name: str, dest: IO[bytes]) -> int: ...
 
-    def discard_inputs(self, job_id: str) -> None: ...
+    def discard_inputs(self, job_id: str, upload: str) -> None: ...
 
-    def put_outputs(self, job_id: str, attempt: int, name: str, stream: IO[bytes]) -> int: ...
+    def put_outputs(
+        self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
+    ) -> int: ...
+
+    def queue_inputs(self, pipe: Pipeline, job_id: str) -> None: ...
+
+    def queue_outputs(self, pipe: Pipeline, job_id: str) -> None: ...
 
     def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> int: ...
+
+    def has_bundle(self, digest: str) -> bool: ...
+
+    def put_bundle(self, digest: str, stream: IO[bytes]) -> int: ...
+
+    def get_bundle(self, digest: str, dest: IO[bytes]) -> int: ...
 
 
 class RedisArtifactStore:
@@ -54,38 +74,73 @@ class RedisArtifactStore:
         self._redis = redis
         self._keys = keys
 
-    def put_inputs(self, job_id: str, name: str, stream: IO[bytes]) -> int:
-        return self._put(self._keys.inputs(job_id), name, stream)
+    def put_inputs(
+        self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
+    ) -> int:
+        """Stage a file of a job about to be submitted under the submit's ``upload`` token. With ``pipe``,
+        the writes are only queued on it, for the caller to send with the submit itself."""
+        return self._put(self._keys.staged_inputs(job_id, upload), name, stream, PENDING_TTL, pipe)
 
     def get_inputs(self, job_id: str, name: str, dest: IO[bytes]) -> int:
         return self._get(self._keys.inputs(job_id), name, dest)
 
-    def discard_inputs(self, job_id: str) -> None:
-        self._redis.delete(self._keys.inputs(job_id))
+    def discard_inputs(self, job_id: str, upload: str) -> None:
+        self._redis.delete(self._keys.staged_inputs(job_id, upload))
 
-    def put_outputs(self, job_id: str, attempt: int, name: str, stream: IO[bytes]) -> int:
-        return self._put(self._keys.staged_outputs(job_id, attempt), name, stream)
+    def put_outputs(
+        self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
+    ) -> int:
+        """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish)."""
+        return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe)
+
+    def queue_inputs(self, pipe: Pipeline, job_id: str) -> None:
+        """Queue a read of the job's input files whole, for :func:`small_files` (a function's call)."""
+        pipe.hgetall(self._keys.inputs(job_id))
+
+    def queue_outputs(self, pipe: Pipeline, job_id: str) -> None:
+        """Queue a read of the job's outputs whole, for :func:`small_files` (a function's result)."""
+        pipe.hgetall(self._keys.outputs(job_id))
 
     def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> int:
         return self._get(self._keys.outputs(job_id), name, dest)
 
-    def _put(self, key: str, name: str, stream: IO[bytes]) -> int:
+    def has_bundle(self, digest: str) -> bool:
+        """Whether the bundle is stored whole; if so it is kept another :data:`BUNDLE_TTL` from now."""
+        key = self._keys.bundle(digest)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hexists(key, _BUNDLE)
+        pipe.expire(key, BUNDLE_TTL)
+        complete, _ = pipe.execute()
+        return bool(complete)
+
+    def put_bundle(self, digest: str, stream: IO[bytes]) -> int:
+        return self._put(self._keys.bundle(digest), _BUNDLE, stream, BUNDLE_TTL)
+
+    def get_bundle(self, digest: str, dest: IO[bytes]) -> int:
+        key = self._keys.bundle(digest)
+        self._redis.expire(key, BUNDLE_TTL)
+        return self._get(key, _BUNDLE, dest)
+
+    def _put(self, key: str, name: str, stream: IO[bytes], ttl: int, pipe: Pipeline | None = None) -> int:
         digest = hashlib.sha256()
         size = chunks = 0
-        pipe = self._redis.pipeline(transaction=False)
+        own = pipe is None
+        writes = self._redis.pipeline(transaction=False) if pipe is None else pipe
         while chunk := stream.read(CHUNK):
             digest.update(chunk)
-            pipe.hset(key, f"{name}#{chunks}", chunk)
+            writes.hset(key, f"{name}#{chunks}", chunk)
             size += len(chunk)
             chunks += 1
-            if chunks % _BATCH == 0:
+            if own and chunks % _BATCH == 0:
                 # The TTL goes with every batch, so an upload cut short still expires.
-                pipe.expire(key, PENDING_TTL)
-                pipe.execute()
+                writes.expire(key, ttl)
+                writes.execute()
+        # Written last: a file whose metadata is there is whole.
         meta = {"size": size, "chunks": chunks, "sha256": digest.hexdigest()}
-        pipe.hset(key, name, json.dumps(meta))
-        pipe.expire(key, PENDING_TTL)
-        pipe.execute()
+        writes.hset(key, name, json.dumps(meta))
+        writes.expire(key, ttl)
+        if own:
+            writes.execute()
         return size
 
     def _get(self, key: str, name: str, dest: IO[bytes]) -> int:
@@ -103,6 +158,30 @@ class RedisArtifactStore:
                 digest.update(chunk)
                 dest.write(chunk)
                 size += len(chunk)
-        if size != meta["size"] or digest.hexdigest() != meta["sha256"]:
-            raise CorruptArtifact(f"{name}: size or checksum does not match what was stored")
+        _check(name, meta, size, digest.hexdigest())
         return size
+
+
+#: The name of a bundle's one archive inside its hash.
+_BUNDLE = "bundle.tar.gz"
+
+
+def small_files(reply: dict[bytes, bytes], names: Iterable[str]) -> dict[str, bytes]:
+    """Those of ``names`` a queued whole read found, each checked against its metadata."""
+    return {name: _assemble(name, reply) for name in names if name.encode() in reply}
+
+
+def _assemble(name: str, fields: dict[bytes, bytes]) -> bytes:
+    """A file read whole from its hash's fields, checked against its metadata."""
+    meta = json.loads(fields[name.encode()])
+    chunks = [fields.get(f"{name}#{i}".encode()) for i in range(meta["chunks"])]
+    if any(chunk is None for chunk in chunks):
+        raise CorruptArtifact(f"{name}: a chunk is missing")
+    data = b"".join(cast(list[bytes], chunks))
+    _check(name, meta, len(data), hashlib.sha256(data).hexdigest())
+    return data
+
+
+def _check(name: str, meta: dict[str, Any], size: int, sha256: str) -> None:
+    if size != meta["size"] or sha256 != meta["sha256"]:
+        raise CorruptArtifact(f"{name}: size or checksum does not match what was stored")

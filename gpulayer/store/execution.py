@@ -7,10 +7,11 @@ attempt still owns the job, so a worker that lost a job cannot overwrite what ha
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
-from typing import Literal, cast
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Literal, cast
 
 from redis import Redis
+from redis.client import Pipeline
 
 from ..models import JobState, OutputSummary, QueueSpec
 from .keys import Keys
@@ -99,10 +100,19 @@ class ExecutionStore:
         raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.queues))
         return {name.decode(): QueueSpec.model_validate_json(spec) for name, spec in raw.items()}
 
-    def start(self, claim: Claim) -> str:
-        """'ok': the job is now running; 'cancel': it was cancelled meanwhile; 'stale': it is not ours."""
+    def start(self, claim: Claim, also: Callable[[Pipeline], object] | None = None) -> tuple[str, list[Any]]:
+        """'ok': the job is now running; 'cancel': it was cancelled meanwhile; 'stale': it is not ours.
+        With the replies of what ``also`` queued, in the same round trip (the call a function job
+        runs)."""
         args = [claim.job_id, self.rq_name, claim.attempt, timestamp()]
-        return str(self._scripts.run("start", [self._keys.job(claim.job_id)], args).decode())
+
+        def build(pipe: Pipeline) -> None:
+            self._scripts.queue(pipe, "start", [self._keys.job(claim.job_id)], args)
+            if also is not None:
+                also(pipe)
+
+        status, *replies = self._scripts.pipeline(build)
+        return status.decode(), replies
 
     def append_logs(self, claim: Claim, lines: Iterable[tuple[str, str]]) -> bool:
         """Store ``(stream, text)`` lines; False, storing nothing, if the job is no longer this attempt's."""
@@ -120,9 +130,11 @@ class ExecutionStore:
         reason: str | None,
         outputs: OutputSummary | None,
         seconds: float,
+        before: Callable[[Pipeline], object] | None = None,
     ) -> Finished:
         """End the attempt: the job ends, or runs again (a retry on a non-zero exit), or, when the
-        attempt no longer owns the job, nothing is written."""
+        attempt no longer owns the job, nothing is written. ``before`` may queue the attempt's last
+        staged outputs, to go in the same round trip."""
         keys = [
             self._keys.job(claim.job_id),
             self._worker_key,
@@ -140,7 +152,13 @@ class ExecutionStore:
             outputs.model_dump_json() if outputs else "",
             f"{seconds:.6f}",
         ]
-        return _FINISHED[int(self._scripts.run("finish", keys, args))]
+
+        def build(pipe: Pipeline) -> None:
+            if before is not None:
+                before(pipe)
+            self._scripts.queue(pipe, "finish", keys, args)
+
+        return _FINISHED[int(self._scripts.pipeline(build)[-1])]
 
     def heartbeat(
         self, incarnation: str, ttl: int, lease_ms: int, running: Iterable[tuple[str, int]]

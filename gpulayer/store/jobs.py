@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import cast
+from typing import Any, cast
 
 from redis import Redis
+from redis.client import Pipeline
 from rq.utils import now
 
 from ..models import Attempt, JobRecord, JobSpec, JobState, OutputSummary
@@ -17,6 +20,21 @@ from .keys import Keys
 from .rq_jobs import parse_timestamp, rq_fields, timestamp
 from .scripts import Scripts
 
+#: Ended ids taken off a batch's list per round trip.
+_DRAIN = 1000
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_spec(raw: bytes) -> JobSpec:
+    """A stored spec, parsed once: the calls of one ``map`` share theirs (records share it: read-only)."""
+    return JobSpec.model_validate_json(raw)
+
+
+def submitted(reply: list[Any]) -> str | None:
+    """The id a submit script's reply names: the new job's, an idempotent match's, or None (id taken)."""
+    created, job_id = reply
+    return job_id.decode() if created else None
+
 
 class JobStore:
     def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, settings: Settings) -> None:
@@ -24,19 +42,44 @@ class JobStore:
         self._keys = keys
         self._scripts = scripts
         self._retention = settings.retention_seconds
+        self._dumped: tuple[JobSpec | None, str] = (None, "")
 
-    def submit(self, job_id: str, spec: JobSpec, idempotency_key: str | None = None) -> str | None:
-        """Create the job and queue it, with its uploaded files kept from now on, and return its id —
-        or, when ``idempotency_key`` was used by a job that still exists, that job's id. None if
-        ``job_id`` is taken."""
+    def submit(
+        self, job_id: str, spec: JobSpec, upload: str, idempotency_key: str | None = None
+    ) -> str | None:
+        """Create the job and queue it, with the files staged under ``upload`` as its own from now on, and
+        return its id — or, when ``idempotency_key`` was used by a job that still exists, that job's id.
+        None if ``job_id`` is taken."""
+        return submitted(
+            self._scripts.run("submit", *self._submit_call(job_id, spec, upload, idempotency_key))
+        )
+
+    def queue_submit(self, pipe: Pipeline, job_id: str, spec: JobSpec, upload: str, batch: str) -> None:
+        """Queue a submit on a pipeline run by :meth:`pipeline`, as one of the jobs of ``batch`` (if
+        not empty: when the job ends its id is pushed on the batch's list, see :meth:`ended`). Read
+        its reply with :func:`submitted`."""
+        extra = {"gl_batch": batch} if batch else {}
+        self._scripts.queue(pipe, "submit", *self._submit_call(job_id, spec, upload, None, **extra))
+
+    def pipeline(self, build: Callable[[Pipeline], object]) -> list[Any]:
+        """Many submits (and the uploads that go with them) in one round trip: see
+        :meth:`Scripts.pipeline`."""
+        return self._scripts.pipeline(build)
+
+    def _submit_call(
+        self, job_id: str, spec: JobSpec, upload: str, idempotency_key: str | None, **extra: str
+    ) -> tuple[list[str], list[object]]:
         queue = spec.queue
         queue_name = self._keys.queue_for(queue)
         created = now()
         fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
-        fields["gl_spec"] = spec.model_dump_json(exclude_defaults=True)
+        if self._dumped[0] is not spec:  # a batch submits one spec many times: dumped once
+            self._dumped = (spec, spec.model_dump_json(exclude_defaults=True))
+        fields["gl_spec"] = self._dumped[1]
         fields["gl_attempt"] = 0
         # What the scripts need to decide on a retry, without parsing the spec.
         fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
+        fields.update(extra)
         # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
         args: list[object] = [
             job_id,
@@ -47,9 +90,23 @@ class JobStore:
         ]
         for pair in fields.items():
             args.extend(pair)
-        keys = [self._keys.job(job_id), self._keys.queue(queue_name), self._keys.inputs(job_id)]
-        created_flag, existing = self._scripts.run("submit", keys, args)
-        return existing.decode() if created_flag else None
+        keys = [
+            self._keys.job(job_id),
+            self._keys.queue(queue_name),
+            self._keys.staged_inputs(job_id, upload),
+            self._keys.inputs(job_id),
+        ]
+        return keys, args
+
+    def ended(self, batch: str, timeout: float) -> list[str]:
+        """The ids of the batch's jobs that ended since the last call, waiting up to ``timeout``
+        seconds for the first."""
+        key = self._keys.ended(batch)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.blpop([key], timeout=max(timeout, 0.001))
+        pipe.lpop(key, _DRAIN)
+        first, rest = pipe.execute()
+        return [raw.decode() for raw in ([first[1]] if first else []) + (rest or [])]
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
@@ -58,30 +115,37 @@ class JobStore:
             return None
         return self._record(job_id, raw)
 
-    def list(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
-        """The newest ``limit`` jobs, in one state or all. Ids of expired jobs are dropped from the index."""
-        index = self._keys.jobs_in(state.value) if state else self._keys.jobs
-        ids = [raw.decode() for raw in cast(list[bytes], self._redis.zrevrange(index, 0, limit - 1))]
+    def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
+        """Each job's record, or None for one that does not exist (any more): one round trip."""
         pipe = self._redis.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hgetall(self._keys.job(job_id))
-        records, expired = [], []
-        for job_id, raw in zip(ids, pipe.execute(), strict=True):
-            if raw and b"gl_state" in raw:
-                records.append(self._record(job_id, raw))
-            else:
-                expired.append(job_id)
-        if expired:
-            self._redis.zrem(index, *expired)
-        return records
+        for job_id in job_ids:
+            self.queue_get(pipe, job_id)
+        return [self.record_of(job_id, raw) for job_id, raw in zip(job_ids, pipe.execute(), strict=True)]
+
+    def queue_get(self, pipe: Pipeline, job_id: str) -> None:
+        """Queue a read of the job's record, for :meth:`record_of`."""
+        pipe.hgetall(self._keys.job(job_id))
+
+    def record_of(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
+        """The record a queued read found, or None if the job does not exist (any more)."""
+        return self._record(job_id, raw) if raw and b"gl_state" in raw else None
 
     def cancel(self, job_id: str) -> str:
         """'cancelled', 'requested' (its worker will stop it), 'ended' (nothing to do), or 'missing'."""
-        result = self._scripts.run("cancel", [self._keys.job(job_id)], [job_id, timestamp()])
-        return str(result.decode())
+        return self.cancel_many([job_id])[0]
+
+    def cancel_many(self, job_ids: list[str]) -> list[str]:
+        """:meth:`cancel` for each job, in one round trip."""
+
+        def build(pipe: Pipeline) -> None:
+            for job_id in job_ids:
+                self._scripts.queue(pipe, "cancel", [self._keys.job(job_id)], [job_id, timestamp()])
+
+        return [str(result.decode()) for result in self._scripts.pipeline(build)]
 
     def wait_done(self, job_id: str, timeout: float | None) -> bool:
-        """Block until the job has ended (True) or ``timeout`` seconds pass (False)."""
+        """Block until the job has ended (True), or ``timeout`` seconds pass, or it turns out not to
+        exist (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         key = self._keys.done(job_id)
         while True:
@@ -93,13 +157,25 @@ class JobStore:
                 block = max(1, min(block, int(left * 1000)))
             if self._redis.xread({key: "0-0"}, count=1, block=block):
                 return True
+            if not self._redis.exists(self._keys.job(job_id)):
+                return False
+
+    def list(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
+        """The newest ``limit`` jobs, in one state or all. Ids of expired jobs are dropped from the index."""
+        index = self._keys.jobs_in(state.value) if state else self._keys.jobs
+        ids = [raw.decode() for raw in cast(list[bytes], self._redis.zrevrange(index, 0, limit - 1))]
+        records = self.get_many(ids)
+        expired = [job_id for job_id, record in zip(ids, records, strict=True) if record is None]
+        if expired:
+            self._redis.zrem(index, *expired)
+        return [record for record in records if record is not None]
 
     def _record(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
         def text(field: str) -> str | None:
             value = raw.get(field.encode())
             return value.decode() if value else None
 
-        spec = JobSpec.model_validate_json(raw[b"gl_spec"])
+        spec = _parse_spec(raw[b"gl_spec"])
         worker, exit_code, outputs = text("worker_name"), text("gl_exit_code"), text("gl_outputs")
         retry_at = text("gl_retry_at")
         created = parse_timestamp(raw.get(b"created_at"))

@@ -59,8 +59,13 @@ class Keys:
             "done": f"{prefix}:done:{{}}",
             # Hash of a job's source and input archives, in chunks.
             "inputs": f"{prefix}:files:{{}}:in",
-            # Hash of a job's output archive, in chunks.
+            # Hash of a job's output archive (or a function's result), in chunks.
             "outputs": f"{prefix}:files:{{}}:out",
+            # Hash of a code bundle (the project folder remote functions run from), in chunks, by the
+            # SHA-256 of its contents; kept a week past its last use.
+            "bundle": f"{prefix}:bundle:{{}}",
+            # List of the ids of a batch's jobs (one ``.map``), pushed as each ends, by the batch's token.
+            "ended": f"{prefix}:ended:{{}}",
             # Set of the ids of jobs a worker has taken and not ended, by worker name.
             "worker_jobs": f"{prefix}:worker:{{}}:jobs",
             # Hash of what a worker's running jobs hold (cpus, memory), by worker name.
@@ -68,7 +73,8 @@ class Keys:
             # The id of the job holding a GPU, by GPU UUID: one key per device, so no two jobs (nor two
             # workers offering the same device) can ever hold one GPU.
             "gpu": f"{prefix}:gpu:{{}}",
-            # Channel a submit publishes on, by queue name, so the idle workers serving it wake at once.
+            # Channel a submit (or a requeue) publishes the job's id on, by queue name, so the idle
+            # workers serving it wake at once.
             "wake": f"{prefix}:wake:{{}}",
             # The id of the job submitted with an idempotency key, by the key's SHA-256.
             "idempotency": f"{prefix}:idempotency:{{}}",
@@ -102,6 +108,17 @@ class Keys:
 
     def outputs(self, job_id: str) -> str:
         return self._key("outputs", job_id)
+
+    def staged_inputs(self, job_id: str, upload: str) -> str:
+        """A submit's files while uploading; renamed to :meth:`inputs` only if the job is created, so a
+        submit that finds its id taken never touches the other job's files."""
+        return f"{self.inputs(job_id)}:{upload}"
+
+    def bundle(self, digest: str) -> str:
+        return self._key("bundle", digest)
+
+    def ended(self, token: str) -> str:
+        return self._key("ended", token)
 
     def staged_outputs(self, job_id: str, attempt: int) -> str:
         """An attempt's outputs while uploading; renamed to :meth:`outputs` if it still owns the job."""

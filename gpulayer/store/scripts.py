@@ -7,11 +7,13 @@ redis-py's ``Script`` reloads a script that Redis lost (a restart, ``SCRIPT FLUS
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from ..models import JobState
 from ..settings import Settings
@@ -61,11 +63,35 @@ class Scripts:
     """One ``Script`` per file, bound to a connection; ``run("claim", keys, args)`` calls it by SHA."""
 
     def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
+        self._redis = redis
         folder = resources.files("gpulayer.store") / "lua"
         head = prelude(keys, settings) + (folder / "_lib.lua").read_text()
         self._scripts = {
             name: redis.register_script(head + (folder / f"{name}.lua").read_text()) for name in _NAMES
         }
 
-    def run(self, name: str, keys: list[str], args: list[Any], client: Redis | Pipeline | None = None) -> Any:
-        return self._scripts[name](keys=keys, args=args, client=client)
+    def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
+        return self._scripts[name](keys=keys, args=args)
+
+    def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
+        """Queue a call of the script on a pipeline run by :meth:`pipeline`."""
+        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+
+    def pipeline(self, build: Callable[[Pipeline], object]) -> list[Any]:
+        """Send what ``build`` queues in one round trip and return the replies. Scripts go by SHA
+        alone, without the SCRIPT EXISTS round trip redis-py's pipelines make first; if Redis lost
+        them (a restart, SCRIPT FLUSH), they are loaded and everything is sent again, so ``build``
+        must queue only what may run twice."""
+        for attempt in range(2):
+            pipe = self._redis.pipeline(transaction=False)
+            build(pipe)
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+            if attempt == 0 and any(isinstance(reply, NoScriptError) for reply in replies):
+                for script in self._scripts.values():
+                    self._redis.script_load(script.script)
+                continue
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+            return replies
+        raise AssertionError("unreachable: the second attempt returns or raises")

@@ -1,7 +1,9 @@
 """The worker's one pub/sub connection, owned by one thread: commands, wake-ups, new queues.
 
 redis-py's PubSub is not thread-safe, so other threads never touch it: they say which channels
-they want, and this thread subscribes and unsubscribes between reads (within half a second).
+they want, and this thread subscribes and unsubscribes between reads (within a tenth of a second),
+then calls ``on_change``: a message published before it subscribed was missed, and the worker looks
+for what it would have announced.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ log = logging.getLogger("gpulayer.worker")
 
 Handler = Callable[[dict[str, Any]], None]
 #: Longest wait for a message before channel changes are applied.
-_READ_TIMEOUT = 0.5
+_READ_TIMEOUT = 0.1
 
 
 class Listener(threading.Thread):
-    def __init__(self, connection: Redis, channels: dict[str, Handler]) -> None:
+    def __init__(
+        self, connection: Redis, channels: dict[str, Handler], on_change: Callable[[], None] = lambda: None
+    ) -> None:
         super().__init__(name="gpulayer-listener", daemon=True)
+        self._on_change = on_change
         self._pubsub = connection.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
         self._lock = threading.Lock()
         self._wanted = dict(channels)
@@ -64,3 +69,5 @@ class Listener(threading.Thread):
         if removed:
             self._pubsub.unsubscribe(*removed)
         self._subscribed = set(wanted)
+        if added:
+            self._on_change()

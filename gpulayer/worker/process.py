@@ -19,7 +19,9 @@ JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
 _PR_SET_CHILD_SUBREAPER = 36
 
 
-def spawn(command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+def spawn(
+    command: Sequence[str], cwd: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
     """Start ``command`` (no shell) as the leader of a new session, so its whole tree can be signalled."""
     return subprocess.Popen(
         list(command),
@@ -29,6 +31,7 @@ def spawn(command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subproce
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        pass_fds=pass_fds,
     )
 
 
@@ -88,9 +91,11 @@ class JobProcesses:
         self._lock = threading.Lock()
         self._leaders: set[int] = set()
 
-    def spawn(self, command: Sequence[str], cwd: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, command: Sequence[str], cwd: Path, env: Mapping[str, str], pass_fds: Sequence[int] = ()
+    ) -> subprocess.Popen[bytes]:
         with self._lock:
-            process = spawn(command, cwd, env)
+            process = spawn(command, cwd, env, pass_fds)
             self._leaders.add(process.pid)
         return process
 
@@ -105,7 +110,8 @@ class JobProcesses:
         job left running, re-parented here (see :func:`become_subreaper`). Returns how many."""
         killed = 0
         with self._lock:
-            for pid in _children() - self._leaders:
+            # An orphan is handed to the subreaper's main thread: only its children need a look.
+            for pid in _children(os.getpid(), main_thread_only=True) - self._leaders:
                 try:
                     process = psutil.Process(pid)
                     if (
@@ -122,10 +128,26 @@ class JobProcesses:
         return killed
 
 
-def _children() -> set[int]:
-    """This process's children, from /proc (cheap: no scan of every process)."""
+def _children(pid: int, main_thread_only: bool = False) -> set[int]:
+    """A process's children (those of its main thread only, if asked), from /proc: cheap, no scan
+    of every process."""
     pids: set[int] = set()
-    for children in Path("/proc/self/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            pids.update(int(pid) for pid in children.read_text().split())
+    with contextlib.suppress(OSError):
+        for task in [str(pid)] if main_thread_only else os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children", "rb") as file:
+                pids.update(int(child) for child in file.read().split())
     return pids
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid``, parents before their children (Linux: read from /proc)."""
+    if not Path("/proc/self/task").is_dir():
+        with contextlib.suppress(psutil.Error):
+            return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        return []
+    found: list[int] = []
+    level = [pid]
+    while level:
+        level = [child for parent in level for child in _children(parent)]
+        found.extend(level)
+    return found

@@ -5,7 +5,9 @@ A runner lives in one slot thread. Other threads reach it only through :meth:`Jo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import logging
 import os
 import selectors
@@ -16,15 +18,19 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 import redis.exceptions
+from redis.client import Pipeline
 
 from ..archive import extract, pack_outputs
-from ..errors import ArchiveError, ArtifactTooLarge
+from ..errors import ArchiveError, ArtifactTooLarge, UntrustedPayload
 from ..models import JobSpec, JobState, OutputSummary
+from ..payloads import CALL, ERROR, RESULT
 from ..settings import Settings
+from ..signing import Signer
 from ..store.artifacts import (
     INPUTS_ARCHIVE,
     OUTPUTS_ARCHIVE,
@@ -32,9 +38,13 @@ from ..store.artifacts import (
     ArtifactStore,
     CorruptArtifact,
     MissingArtifact,
+    small_files,
 )
 from ..store.execution import Claim, ExecutionStore
-from .process import JobProcesses, exit_notifier, has_exited, signal_group, signal_tree
+from ..units import format_size
+from .executors import Executor, Key
+from .functions import FunctionRuntime
+from .process import JOB_ID_VARIABLE, JobProcesses, exit_notifier, has_exited, signal_group, signal_tree
 
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
@@ -62,6 +72,9 @@ class Ending:
     exit_code: int | None = None
     reason: str | None = None
     outputs: OutputSummary | None = None
+    #: A function's result or exception (its name in the outputs, and its signed pickle), stored
+    #: with the end in one round trip.
+    result: tuple[str, bytes] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +87,8 @@ class Context:
     processes: JobProcesses
     #: Seconds a job's lease holds without renewal: how long a runner keeps retrying Redis.
     lease_ttl: float
+    #: None on a worker without the installation's secret: it cannot run function jobs.
+    functions: FunctionRuntime | None = None
 
 
 class JobRunner:
@@ -87,12 +102,16 @@ class JobRunner:
         self._settings = context.settings
         self._processes = context.processes
         self._lease_ttl = context.lease_ttl
+        self._functions = context.functions
         self._workdir = workdir
         self._base_env = base_env
         self._lock = threading.Lock()
         self._stop: StopReason | None = None
         self._leader: int | None = None
         self._deadline = 0.0
+        #: Set once the job's work is done and only its end is being recorded: the worker's spread
+        #: delay does not count it as busy (its caller may already be submitting the next job).
+        self.ending = False
 
     @property
     def job_id(self) -> str:
@@ -111,23 +130,30 @@ class JobRunner:
         started = time.monotonic()
         ending: Ending | None
         try:
-            self._workdir.mkdir(parents=True)
-            self._fetch_inputs()
+            if self.spec.function is None:
+                self._workdir.mkdir(parents=True)
+                self._fetch_inputs()
             ending = self._execute()
         except (ArchiveError, MissingArtifact, CorruptArtifact) as exc:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
         finally:
             # Before the job ends: its slot is not free until its folder is gone.
-            _remove(self._workdir)
+            if self.spec.function is None:
+                _remove(self._workdir)
         if ending is not None:
+            self.ending = True
             self._end(ending, time.monotonic() - started)
 
     def _execute(self) -> Ending | None:
-        """Run the command; returns how the job ended, or None if it was given back or is not ours."""
+        """Run the job; returns how it ended, or None if it was given back or is not ours."""
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
-        status = self._persist(self._store.start, self.claim)
+        # A function's call is read in the same round trip.
+        read_call = (
+            (lambda pipe: self._artifacts.queue_inputs(pipe, self.job_id)) if self.spec.function else None
+        )
+        status, replies = self._persist(self._store.start, self.claim, read_call)
         if status == "stale":
             log.warning(
                 "job %s: attempt %d is no longer this worker's; not starting it",
@@ -137,39 +163,127 @@ class JobRunner:
             return None
         if status == "cancel" or self._stop == "cancel":
             return Ending(JobState.CANCELLED, reason="cancelled")
-        env = {
-            **self._base_env,
-            "PYTHONUNBUFFERED": "1",
-            **self.spec.env,
-            "GPULAYER_JOB_ID": self.job_id,
-            "GPULAYER_ATTEMPT": str(self.claim.attempt),
-        }
+        env = {**self.spec.env, JOB_ID_VARIABLE: self.job_id, "GPULAYER_ATTEMPT": str(self.claim.attempt)}
+        if self._functions is not None:
+            # An idle executor may hold GPU memory this job is about to need.
+            devices = set(filter(None, self._base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
+            self._functions.executors.evict(devices, self._executor_key())
+        if self.spec.function is not None:
+            call = small_files(replies[0], [CALL]).get(CALL)
+            if call is None:
+                raise MissingArtifact(CALL)
+            return self._call(env, call)
+        return self._command({**self._base_env, "PYTHONUNBUFFERED": "1", **env})
+
+    def _command(self, env: dict[str, str]) -> Ending | None:
         try:
             process = self._processes.spawn(self.spec.command, self._workdir, env)
         except OSError as exc:
             code, reason = _spawn_failure(self.spec.command[0], exc)
             self._system(reason)
             return Ending(JobState.FAILED, code, reason)
+        returncode = self._follow(process)
+        assert returncode is not None, "a command's process has no replies: it runs until it exits"
+        self._clean_up()
+        if self._stop in ("requeue", "stale"):
+            self._give_back()
+            return None
+        outputs, too_large = self._upload_outputs()
+        return self._outcome(returncode, outputs, too_large)
+
+    def _call(self, env: dict[str, str], call: bytes) -> Ending | None:
+        """Run a function's call in an executor: a warm one for this code and these GPUs, or a new one."""
+        functions, function = self._functions, self.spec.function
+        assert function is not None
+        if functions is None:
+            reason = (
+                "this worker has no secret to check function calls with (set GPULAYER_SECRET, or "
+                "join with --secret), so it cannot run them"
+            )
+            self._system(reason)
+            return Ending(JobState.FAILED, reason=reason)
+        try:
+            Signer(functions.secret).verify(call)
+        except UntrustedPayload as exc:
+            self._system(f"refused: {exc}")
+            return Ending(JobState.FAILED, reason=f"refused: {exc}")
+        folder = self._persist(functions.bundles.folder, function.bundle)
+        key = self._executor_key()
+        try:
+            if function.fresh_process:
+                executor = functions.executors.start(key, self._base_env, folder)
+            else:
+                executor = functions.executors.acquire(key, self._base_env, folder)
+        except OSError as exc:
+            reason = f"cannot start a Python process for the call: {exc.strerror}"
+            self._system(reason)
+            return Ending(JobState.FAILED, reason=reason)
+        with contextlib.suppress(BrokenPipeError):  # a dead executor shows as its exit, below
+            executor.send({"env": env}, call)
+        returncode = self._follow(executor.process, executor.replies)
+        reply = None
+        if returncode is None:
+            try:
+                reply = executor.receive()
+            except (EOFError, OSError):
+                returncode = self._processes.reap(executor.process)
+        self._clean_up(executor if reply is not None and reply[0].get("children") else None)
+        keep = reply is not None and self._stop is None and not function.fresh_process
+        functions.executors.release(executor, keep=keep)
+        if self._stop in ("requeue", "stale"):
+            self._give_back()
+            return None
+        if reply is None or self._stop is not None:
+            ending = self._outcome(returncode if returncode is not None else 1, None, None)
+            if ending.state is JobState.FAILED:
+                return dataclasses.replace(ending, reason=f"the call's Python process died ({ending.reason})")
+            return ending
+        return self._reply_ending(*reply)
+
+    def _executor_key(self) -> Key:
+        function = self.spec.function
+        devices = self._base_env.get("CUDA_VISIBLE_DEVICES", "")
+        return Key(function.bundle if function else "", self.spec.requirements.capability, devices)
+
+    def _reply_ending(self, header: dict[str, Any], payload: bytes) -> Ending:
+        """How the call ended, with what it returned (or raised) to store as its result."""
+        if len(payload) > self._settings.max_job_bytes:
+            reason = (
+                f"its result pickles to {format_size(len(payload))}, above the "
+                f"{format_size(self._settings.max_job_bytes)} cap (GPULAYER_MAX_JOB_BYTES on the worker)"
+            )
+            self._system(reason)
+            return Ending(JobState.FAILED, 1, reason)
+        if header["ok"]:
+            return Ending(JobState.SUCCEEDED, 0, result=(RESULT, payload))
+        return Ending(JobState.FAILED, 1, _one_line(header["error"]), result=(ERROR, payload))
+
+    def _follow(self, process: subprocess.Popen[bytes], replies: Connection | None = None) -> int | None:
+        """Pump the process's output until it exits (its return code) or replies (None)."""
         with self._lock:
             self._leader = process.pid
             stop = self._stop
         if stop is not None:
             self.stop(stop)
         try:
-            returncode = self._pump(process)
+            return self._pump(process, replies)
         except BaseException:
             # The worker cannot follow the job any more (Redis gone, a bug): it must not run on unseen.
             signal_tree(process.pid, signal.SIGKILL)
             self._processes.reap(process)
             raise
-        strays = self._processes.kill_strays(self.job_id)
+        finally:
+            # Its pid may be reused, or it serves the next job: a late stop must not reach it.
+            with self._lock:
+                self._leader = None
+
+    def _clean_up(self, executor: Executor | None = None) -> None:
+        """Kill what the job left running: under the executor that says it has children, and
+        anywhere else it went."""
+        strays = executor.kill_children() if executor is not None and executor.alive else 0
+        strays += self._processes.kill_strays(self.job_id)
         if strays:
             self._system(f"stopped {strays} process(es) the job left running")
-        if self._stop in ("requeue", "stale"):
-            self._give_back()
-            return None
-        outputs, too_large = self._upload_outputs()
-        return self._outcome(returncode, outputs, too_large)
 
     def _fetch_inputs(self) -> None:
         names = ([SOURCE_ARCHIVE] if self.spec.source else []) + (
@@ -187,14 +301,19 @@ class JobRunner:
         self._artifacts.get_inputs(self.job_id, name, archive)
         archive.seek(0)
 
-    def _pump(self, process: subprocess.Popen[bytes]) -> int:
-        """Forward the process's output to the job's log until it and everything it started are gone."""
+    def _pump(self, process: subprocess.Popen[bytes], replies: Connection | None) -> int | None:
+        """Forward the process's output to the job's log until it and everything it started are gone
+        (returns its exit code), or, for an executor, until it replies (returns None; what it printed
+        before replying is read first)."""
         assert process.stdout is not None
         assert process.stderr is not None
         pid = process.pid
         selector = selectors.DefaultSelector()
-        selector.register(process.stdout, selectors.EVENT_READ, "stdout")
-        selector.register(process.stderr, selectors.EVENT_READ, "stderr")
+        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+            selector.register(stream, selectors.EVENT_READ, name)
+        streams = 2
+        if replies is not None:
+            selector.register(replies.fileno(), selectors.EVENT_READ, "reply")
         notifier = exit_notifier(pid)
         if notifier is not None:
             selector.register(notifier, selectors.EVENT_READ, "exit")
@@ -202,28 +321,28 @@ class JobRunner:
         self._deadline = time.monotonic() + (self.spec.timeout or 0)
         kill_at: float | None = None
         exited_at: float | None = None
+        replied = False
         # Without a pidfd, exit is polled: quickly at first, so short jobs end promptly.
         poll = 0.001
         try:
-            while not (exited_at is not None and not selector.get_map()):
-                wait = _TICK if notifier is not None or len(selector.get_map()) else poll
+            while not replied and not (exited_at is not None and not streams):
+                wait = _TICK if notifier is not None or streams else poll
                 poll = min(poll * 2, _TICK)
                 lines: list[tuple[str, str]] = []
                 for key, _ in selector.select(wait):
-                    if key.data == "exit":
+                    if key.data == "reply":
+                        replied = True
+                    elif key.data == "exit":
                         exited_at = time.monotonic()
                         selector.unregister(key.fileobj)
                         # What the job left running in its group dies with it. The leader is a zombie
                         # until reaped below, so its group id cannot have been reused.
                         signal_group(pid, signal.SIGKILL)
-                        continue
-                    chunk = os.read(key.fd, _READ)
-                    if chunk:
-                        lines.extend(self._split(key.data, partial, chunk))
-                    else:
+                    elif not self._read(key, partial, lines):
                         selector.unregister(key.fileobj)
-                        if partial[key.data]:
-                            lines.append((key.data, _text(partial.pop(key.data))))
+                        streams -= 1
+                if replied:
+                    self._drain(selector, partial, lines)
                 if lines and not self._persist(self._store.append_logs, self.claim, lines):
                     self.stop("stale")
                 if notifier is None and exited_at is None and has_exited(pid):
@@ -231,16 +350,46 @@ class JobRunner:
                     signal_group(pid, signal.SIGKILL)
                 if exited_at is not None and time.monotonic() - exited_at > _DRAIN:
                     # Something that left the job's group still holds its output open; stop listening.
-                    for key in list(selector.get_map().values()):
-                        selector.unregister(key.fileobj)
+                    streams = 0
                 kill_at = self._enforce(pid, kill_at)
         finally:
             selector.close()
             if notifier is not None:
                 os.close(notifier)
-            process.stdout.close()
-            process.stderr.close()
-        return self._processes.reap(process)
+            if not replied:
+                process.stdout.close()
+                process.stderr.close()
+        return None if replied else self._processes.reap(process)
+
+    def _drain(
+        self, selector: selectors.BaseSelector, partial: dict[str, bytes], lines: list[tuple[str, str]]
+    ) -> None:
+        """Read an executor's output up to now: it flushed before it replied, so all of it is there."""
+        for key in list(selector.get_map().values()):
+            if key.data in partial:
+                while self._read(key, partial, lines, drain=True):
+                    pass
+        lines.extend((stream, _text(rest)) for stream, rest in partial.items() if rest)
+
+    def _read(
+        self,
+        key: selectors.SelectorKey,
+        partial: dict[str, bytes],
+        lines: list[tuple[str, str]],
+        drain: bool = False,
+    ) -> bool:
+        """Read what one stream has into ``lines``; False at its end (or, draining, once it is empty)."""
+        try:
+            chunk = os.read(key.fd, _READ)
+        except BlockingIOError:
+            return not drain
+        if chunk:
+            lines.extend(self._split(key.data, partial, chunk))
+            return True
+        if partial[key.data]:
+            lines.append((key.data, _text(partial[key.data])))
+            partial[key.data] = b""
+        return False
 
     def _enforce(self, pid: int, kill_at: float | None) -> float | None:
         """Apply the timeout and any stop: SIGTERM first, SIGKILL once the grace has passed. Returns
@@ -318,6 +467,7 @@ class JobRunner:
             reason=reason,
             outputs=ending.outputs,
             seconds=seconds,
+            before=self._stage(ending.result) if ending.result else None,
         )
         said = f"{state.value}{f': {reason}' if reason else ''} ({seconds:.3f} s)"
         if finished == "ended":
@@ -330,6 +480,12 @@ class JobRunner:
                 self.job_id,
                 self.claim.attempt,
             )
+
+    def _stage(self, result: tuple[str, bytes]) -> Callable[[Pipeline], object]:
+        name, payload = result
+        return lambda pipe: self._artifacts.put_outputs(
+            self.job_id, self.claim.attempt, name, io.BytesIO(payload), pipe
+        )
 
     def _give_back(self) -> None:
         if self._stop == "requeue":
@@ -369,6 +525,11 @@ def _remove(folder: Path) -> None:
 
 def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace")
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _shell_code(returncode: int) -> int:

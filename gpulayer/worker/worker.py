@@ -1,5 +1,5 @@
-"""The GPUlayer worker: an RQ worker that runs several command jobs at once, each with the GPUs,
-CPU slots and memory it asked for.
+"""The GPUlayer worker: an RQ worker that runs several jobs at once (commands, and calls of remote
+functions in warm executors), each with the GPUs, CPU slots and memory it asked for.
 
 RQ's ``work()`` loop, registration, suspension, maintenance, signal handling and command channel
 are used as they are. What changes:
@@ -40,10 +40,13 @@ from ..errors import ConfigError
 from ..inventory import GPU, Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, JobSpec, JobState, validation_message
 from ..settings import Settings
+from ..signing import SECRET_FILE, load_secret
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
 from ..store.keys import Keys
 from ..store.scripts import Scripts
+from .executors import ExecutorPool
+from .functions import CodeBundles, FunctionRuntime
 from .leases import LeaseKeeper
 from .listener import Listener
 from .process import JobProcesses, become_subreaper
@@ -120,7 +123,6 @@ class Worker(BaseWorker):
         self._submitted = False
         self.store = ExecutionStore(connection, self.keys, Scripts(connection, self.keys, settings), name)
         self.artifacts = RedisArtifactStore(connection, self.keys)
-        self._context = Context(self.store, self.artifacts, settings, JobProcesses(), lease_ttl)
         self._keeper: LeaseKeeper | None = None
         self.workdir = workdir or settings.home / "work" / name
         self._base_env = dict(os.environ)
@@ -130,9 +132,27 @@ class Worker(BaseWorker):
         self._wake = threading.Event()
         #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
         self.capacity = slots + len(self.offer.gpus)
+        processes = JobProcesses()
+        self._context = Context(
+            self.store, self.artifacts, settings, processes, lease_ttl, self._functions(settings, processes)
+        )
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
         become_subreaper()
+
+    def _functions(self, settings: Settings, processes: JobProcesses) -> FunctionRuntime | None:
+        """Function jobs need the installation's secret; without it they fail, saying so."""
+        secret = load_secret(settings.home)
+        if secret is None:
+            log.warning(
+                "worker %s: no secret (GPULAYER_SECRET, or %s): function jobs will fail here",
+                self.display_name,
+                settings.home / SECRET_FILE,
+            )
+            return None
+        bundles = CodeBundles(settings.home / "bundles", self.artifacts)
+        bundles.prune()
+        return FunctionRuntime(secret, bundles, ExecutorPool(processes, secret, self.capacity))
 
     @property
     def connection_timeout(self) -> int:
@@ -167,7 +187,8 @@ class Worker(BaseWorker):
     def subscribe(self) -> None:
         """RQ's command channel (stop-job, shutdown), the channel new queues are announced on, and
         the wake-up channel of each served queue (kept current by :meth:`_refresh_queues`)."""
-        self._listener = Listener(self.connection, self._channels())
+        # A wake-up missed while subscribing counts as one: the spread delay applies to it too.
+        self._listener = Listener(self.connection, self._channels(), on_change=lambda: self._on_wake({}))
         self._listener.start()
         self._keeper = LeaseKeeper(
             self.store,
@@ -224,6 +245,8 @@ class Worker(BaseWorker):
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
         self.store.prune(self.queue_names())
+        if self._context.functions is not None:
+            self._context.functions.executors.close_stale()
 
     def check_for_suspension(self, burst: bool) -> None:
         # The claim script refuses work while suspended, so RQ's check (a round trip) can be rare.
@@ -242,6 +265,9 @@ class Worker(BaseWorker):
         backoff = 1.0
         while not self._stop_requested and not (self._keeper and self._keeper.taken_over.is_set()):
             try:
+                # RQ's own loop does this between jobs; an idle worker does it here.
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
                 if self._claimed:
                     with self._lock:
                         claim = self._claimed.popleft()
@@ -250,12 +276,11 @@ class Worker(BaseWorker):
                     self._refresh_queues()
                 with self._lock:
                     running = len(self._runners)
+                    busy = sum(not runner.ending for runner in self._runners.values())
                 free = self.capacity - running
-                if not running and self.get_state() != WorkerStatus.IDLE:
-                    self.set_state(WorkerStatus.IDLE)
                 if free > 0:
-                    if self._submitted and running:
-                        time.sleep(SPREAD_DELAY * running / self.capacity)
+                    if self._submitted and busy:
+                        time.sleep(SPREAD_DELAY * busy / self.capacity)
                     self._submitted = False
                     self._wake.clear()
                     offer = self.offer
@@ -275,11 +300,21 @@ class Worker(BaseWorker):
                         continue
                     if timeout is None:
                         return None
+                else:
+                    # Full: nothing to claim until a runner ends, which wakes this loop again. A
+                    # wake-up that came meanwhile (a submit) must not leave it spinning until then.
+                    self._wake.clear()
+                    with self._lock:
+                        if len(self._runners) < self.capacity:
+                            continue
                 if self._runners:
                     idle_since = time.monotonic()
                 elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                     return None
-                self._wake.wait(POLL_INTERVAL)
+                woken = self._wake.wait(POLL_INTERVAL)
+                if not woken and not self._runners and self.get_state() != WorkerStatus.IDLE:
+                    # Said after a quiet poll, not between two jobs, where it would cost a write each.
+                    self.set_state(WorkerStatus.IDLE)
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 log.error(
                     "worker %s: cannot reach Redis (%s); retrying in %.0f s", self.display_name, exc, backoff
@@ -345,8 +380,15 @@ class Worker(BaseWorker):
             super().handle_payload(message)  # type: ignore[no-untyped-call]
 
     def _on_wake(self, message: dict[Any, Any]) -> None:
-        self._submitted = True
-        self._wake.set()
+        job_id = message.get("data")
+        with self._lock:
+            # Published after this worker already took the job: nothing new is waiting.
+            held = job_id is not None and job_id.decode() in (
+                {claim.job_id for claim in self._claimed} | set(self._runners)
+            )
+        if not held:
+            self._submitted = True
+            self._wake.set()
 
     def _on_new_queue(self, message: dict[Any, Any]) -> None:
         self._next_refresh = 0.0
@@ -392,6 +434,8 @@ class Worker(BaseWorker):
             )
             self._claimed.clear()
         self._pool.shutdown(wait=True)
+        if self._context.functions is not None:
+            self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
 
 

@@ -100,7 +100,7 @@ local function back_to_queue(id, jobkey, delay_ms)
     redis.call('hset', jobkey, 'gl_retry_at', at)
   else
     redis.call('lpush', key(K.queue, origin), id)
-    redis.call('publish', key(K.wake, origin), origin)
+    redis.call('publish', key(K.wake, origin), id)
   end
 end
 
@@ -116,11 +116,16 @@ local function use_retry(jobkey, kind)
   return math.floor((tonumber(v[3]) or 0) * 1000 * 2 ^ used)
 end
 
--- Ends a job in a terminal state: off its worker, RQ's registries, the done stream waiters block on,
--- and retention (the submitter's, kept in RQ's result_ttl field).
+-- Ends a job in a terminal state: off its worker, RQ's registries, the done stream waiters block on
+-- (and its batch's list of ended jobs), and retention (the submitter's, kept in RQ's result_ttl field).
 local function end_job(id, jobkey, state, ended_at)
-  local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency')
+  local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch')
   local retention = tonumber(v[2]) or RETENTION
+  if v[4] then
+    local ended = key(K.ended, v[4])
+    redis.call('rpush', ended, id)
+    redis.call('expire', ended, retention)
+  end
   detach(id, jobkey)
   redis.call('zrem', DELAYED, id)
   set_state(id, jobkey, state)

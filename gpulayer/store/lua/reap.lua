@@ -21,7 +21,7 @@ for _, id in ipairs(redis.call('zrangebyscore', DELAYED, '-inf', now, 'LIMIT', 0
     local origin = redis.call('hget', jobkey, 'origin')
     redis.call('hdel', jobkey, 'gl_retry_at')
     redis.call('lpush', key(K.queue, origin), id)
-    redis.call('publish', key(K.wake, origin), origin)
+    redis.call('publish', key(K.wake, origin), id)
   end
   handled = handled + 1
 end

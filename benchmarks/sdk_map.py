@@ -1,0 +1,177 @@
+"""Remote functions: ``.map`` over many no-op calls, and one call's round trip, beside plain RQ.
+
+Each system gets the same work, on the same Redis, with two worker processes on this machine:
+
+* map: N calls of a function that returns its argument, from the first submit to the last result
+  back in the caller (GPUlayer ``f.map(range(N))``; RQ: N enqueues, then each job's result in order),
+  calls per second, the median of ``--repeats`` rounds (this shared machine is noisy);
+* round trip: one call at a time on an idle worker, from submit to its value back in the caller
+  (``f.remote(x).result()``; RQ: ``enqueue`` then ``latest_result``), p50 and p95;
+* cold start (GPUlayer only): the first call on a newly registered worker, which starts its Python
+  executor.
+
+GPUlayer runs with one slot per worker (RQ's concurrency) and with one slot per core; RQ with its
+default forking ``Worker`` and with ``SimpleWorker``. Workers log at WARNING on both sides.
+
+    python benchmarks/sdk_map.py [--calls 2000] [--latency-runs 100] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from _common import (
+    flush,
+    gpulayer_worker,
+    median,
+    percentile,
+    private_installation,
+    rq_worker,
+    save,
+    spawn,
+    stop,
+)
+from rq import Queue, Worker
+
+import gpulayer as gl
+from gpulayer import Client, Settings
+
+RQ_FUNCTION = "rq_tasks.noop"
+
+
+def noop(x: int) -> int:
+    return x
+
+
+def timed(rounds: int, run: Callable[[], None]) -> float:
+    """The median time of ``rounds`` runs, in seconds."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return median(times)
+
+
+def gpulayer_run(url: str, home: Path, calls: int, runs: int, repeats: int, slots: int) -> dict[str, float]:
+    flush(url)
+    client = Client(url, settings=Settings(home=home))
+    f = gl.remote(noop, client=client)
+    env = {"GPULAYER_HOME": str(home)}
+    first = spawn(gpulayer_worker(url, "w0", slots), env=env)
+    while not client.workers():
+        time.sleep(0.005)
+    started = time.perf_counter()
+    cold = f.remote(0).result(timeout=60)
+    cold_ms = (time.perf_counter() - started) * 1000
+    second = spawn(gpulayer_worker(url, "w1", slots), env=env)
+    while len(client.workers()) < 2:
+        time.sleep(0.005)
+    assert cold == 0
+    # Warm both workers' executors, as any session past its first calls has them.
+    assert list(f.map(range(8 * slots))) == list(range(8 * slots))
+
+    def mapped() -> None:
+        assert list(f.map(range(calls))) == list(range(calls))
+
+    seconds = timed(repeats, mapped)
+    stop(second)
+    latencies = []
+    for i in range(runs):
+        started = time.perf_counter()
+        assert f.remote(i).result(timeout=30) == i
+        latencies.append((time.perf_counter() - started) * 1000)
+    stop(first)
+    client.close()
+    return {
+        "calls_per_s": calls / seconds,
+        "p50_ms": median(latencies),
+        "p95_ms": percentile(latencies, 0.95),
+        "cold_start_ms": cold_ms,
+    }
+
+
+def rq_run(url: str, calls: int, runs: int, repeats: int, worker_class: str) -> dict[str, float]:
+    flush(url)
+    connection = redis.Redis.from_url(url)
+    queue = Queue("bench", connection=connection)
+    workers = [spawn(rq_worker(url, worker_class)) for _ in range(2)]
+    while len(Worker.all(connection=connection)) < 2:
+        time.sleep(0.005)
+
+    def mapped() -> None:
+        jobs = [queue.enqueue(RQ_FUNCTION, i) for i in range(calls)]
+        values = []
+        for job in jobs:
+            result = job.latest_result(timeout=60)
+            assert result is not None
+            values.append(result.return_value)
+        assert values == list(range(calls))
+
+    seconds = timed(repeats, mapped)
+    stop(workers.pop())
+    latencies = []
+    for i in range(runs):
+        started = time.perf_counter()
+        result = queue.enqueue(RQ_FUNCTION, i).latest_result(timeout=30)
+        assert result is not None
+        assert result.return_value == i
+        latencies.append((time.perf_counter() - started) * 1000)
+    stop(workers.pop())
+    connection.close()
+    return {
+        "calls_per_s": calls / seconds,
+        "p50_ms": median(latencies),
+        "p95_ms": percentile(latencies, 0.95),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--latency-runs", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    with private_installation() as (url, home):
+        runs = {
+            "gpulayer, 2 workers x 1 slot": gpulayer_run(
+                url, home, args.calls, args.latency_runs, args.repeats, 1
+            ),
+            f"gpulayer, 2 workers x {cores} slots": gpulayer_run(
+                url, home, args.calls, args.latency_runs, args.repeats, cores
+            ),
+            "rq Worker (fork), 2 workers": rq_run(
+                url, args.calls, args.latency_runs, args.repeats, "rq.worker.Worker"
+            ),
+            "rq SimpleWorker, 2 workers": rq_run(
+                url, args.calls, args.latency_runs, args.repeats, "rq.worker.SimpleWorker"
+            ),
+        }
+    fork = runs["rq Worker (fork), 2 workers"]
+    simple = runs["rq SimpleWorker, 2 workers"]
+    print(f"{args.calls} calls of a no-op function, two worker processes, {cores} CPUs, one Redis")
+    print(
+        f"{'':34} {'calls/s':>8} {'vs fork':>8} {'vs simple':>9} {'p50 ms':>7} {'p95 ms':>7} {'vs simple':>9}"
+    )
+    for name, run in runs.items():
+        print(f"{name:34} {run['calls_per_s']:8.0f} {run['calls_per_s'] / fork['calls_per_s']:7.2f}x "
+              f"{run['calls_per_s'] / simple['calls_per_s']:8.2f}x {run['p50_ms']:7.2f} {run['p95_ms']:7.2f} "
+              f"{simple['p50_ms'] / run['p50_ms']:8.2f}x")  # fmt: skip
+    for name, run in runs.items():
+        if "cold_start_ms" in run:
+            print(f"{name}: first call on a new worker (starts its executor): {run['cold_start_ms']:.0f} ms")
+    path = save(
+        "sdk_map",
+        {"calls": args.calls, "latency_runs": args.latency_runs, "repeats": args.repeats, "runs": runs},
+    )
+    print(f"\nsaved {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""The client's side of remote functions: ship the code bundle, submit calls in batches, wait for
+many jobs at once, and turn each ending back into a value or an exception."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import itertools
+import pickle
+import secrets
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from redis.client import Pipeline
+
+from .bundles import Bundle, BundleCache, project_root
+from .errors import (
+    ArtifactTooLarge,
+    InvalidJobSpec,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    JobTimedOut,
+    RemoteError,
+    WorkerLost,
+)
+from .models import FunctionSpec, JobRecord, JobSpec, JobState, RetryOn, build_spec
+from .payloads import CALL, ERROR, RESULT, pack, pickle_function, unpack
+from .settings import Settings
+from .signing import Signer, signer
+from .store.artifacts import RedisArtifactStore, small_files
+from .store.jobs import JobStore, submitted
+from .units import format_size
+
+#: Calls submitted per round trip.
+BATCH = 256
+#: Unfinished calls a map keeps at most, unless told otherwise.
+MAX_IN_FLIGHT = 10_000
+#: A map that hears of no ended job for this long (s) reads its jobs' states, should a notice be lost.
+_RECHECK = 5.0
+#: A client re-touches a bundle it shipped (to keep it from expiring) after this long (s).
+_TOUCH = 3600.0
+_SPOOL = 16 * 1024 * 1024
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+#: What a call's job stored when it ended: its record, and its result or error payload by name.
+Ending = tuple[JobRecord, dict[str, bytes]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+    """How a remote function's calls run: what they need, and how they are retried and stopped."""
+
+    requirements: dict[str, Any] = dataclasses.field(default_factory=dict)
+    timeout: float | None = None
+    retries: int | None = None
+    retry_on: RetryOn | None = None
+    retry_delay: float | None = None
+    priority: int = 0
+    #: A fresh Python process for every call, instead of a warm one.
+    fresh_process: bool = False
+    #: The folder shipped with the code (default: the running script's folder, else the current one).
+    source: Path | None = None
+
+
+class Calls:
+    def __init__(self, settings: Settings, jobs: JobStore, artifacts: RedisArtifactStore) -> None:
+        self._settings = settings
+        self._jobs = jobs
+        self._artifacts = artifacts
+        self._bundles = BundleCache(settings.max_source_bytes)
+        self._shipped: dict[str, float] = {}
+        self._signer: Signer | None = None
+
+    @property
+    def signer(self) -> Signer:
+        if self._signer is None:
+            self._signer = signer(self._settings.home)
+        return self._signer
+
+    def submit(self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions) -> list[str]:
+        """Submit one job per call, :data:`BATCH` of them per round trip; returns their ids."""
+        spec = self.spec(function, options)
+        ids: list[str] = []
+        pending = iter(calls)
+        while batch := list(itertools.islice(pending, BATCH)):
+            ids.extend(self._submit_batch(spec, function, batch, ""))
+        return ids
+
+    def map(
+        self,
+        function: Callable[..., Any],
+        calls: Iterable[Call],
+        options: CallOptions,
+        ordered: bool,
+        max_in_flight: int | None,
+    ) -> Iterator[Any]:
+        """Submit the first calls now, and return an iterator that submits the rest as earlier ones end
+        and yields each value (or raises each exception) in order, or as they end."""
+        if max_in_flight is not None and max_in_flight < 1:
+            raise InvalidJobSpec("max_in_flight must be at least 1")
+        run = _MapRun(
+            self, self.spec(function, options), function, iter(calls), max_in_flight or MAX_IN_FLIGHT
+        )
+        run.fill()
+        return run.results(ordered)
+
+    def spec(self, function: Callable[..., Any], options: CallOptions) -> JobSpec:
+        """The job every call of ``function`` makes, its code bundle shipped if Redis lacks it."""
+        bundle = self._bundles.get(options.source or project_root())
+        self._ship(bundle)
+        name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
+        retry = {"retries": options.retries, "retry_on": options.retry_on, "retry_delay": options.retry_delay}
+        return build_spec(
+            command=[name],
+            function=FunctionSpec(name=name, bundle=bundle.digest, fresh_process=options.fresh_process),
+            requirements=options.requirements,
+            timeout=options.timeout,
+            priority=options.priority,
+            **{field: value for field, value in retry.items() if value is not None},
+        )
+
+    def _ship(self, bundle: Bundle) -> None:
+        """Upload the bundle unless Redis has it whole (asking also keeps it from expiring)."""
+        if time.monotonic() - self._shipped.get(bundle.digest, -_TOUCH) < _TOUCH:
+            return
+        if not self._artifacts.has_bundle(bundle.digest):
+            with tempfile.SpooledTemporaryFile(_SPOOL) as file:
+                bundle.manifest.write(file)
+                file.seek(0)
+                self._artifacts.put_bundle(bundle.digest, file)
+        self._shipped[bundle.digest] = time.monotonic()
+
+    def _submit_batch(
+        self, spec: JobSpec, function: Callable[..., Any], calls: list[Call], batch: str
+    ) -> list[str]:
+        """Submit ``calls`` in one round trip: each call's signed pickle staged and its job created."""
+        try:
+            pickled = pickle_function(function)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise InvalidJobSpec(f"cannot send {_name(function)}: {exc}") from None
+        payloads = [self._pack_call(function, pickled, args, kwargs) for args, kwargs in calls]
+        ids = {index: secrets.token_hex(6) for index in range(len(payloads))}
+        taken = self._submit_once(spec, payloads, ids, batch)
+        while taken:  # an id already in use: those calls try again under new ones
+            retry = {index: secrets.token_hex(6) for index in taken}
+            taken = self._submit_once(spec, payloads, retry, batch)
+            ids.update(retry)
+        return [ids[index] for index in range(len(payloads))]
+
+    def _submit_once(
+        self, spec: JobSpec, payloads: list[bytes], ids: dict[int, str], batch: str
+    ) -> list[int]:
+        """Stage each call and submit its job under ``ids`` in one round trip; returns the indexes of
+        those whose id was taken (what was staged for them goes)."""
+        upload = secrets.token_hex(4)
+        positions: dict[int, int] = {}
+
+        def build(pipe: Pipeline) -> None:
+            for index, job_id in ids.items():
+                self._artifacts.put_inputs(job_id, upload, CALL, io.BytesIO(payloads[index]), pipe=pipe)
+                positions[index] = len(pipe)
+                self._jobs.queue_submit(pipe, job_id, spec, upload, batch)
+
+        replies = self._jobs.pipeline(build)
+        taken = [index for index, job_id in ids.items() if submitted(replies[positions[index]]) != job_id]
+        for index in taken:
+            self._artifacts.discard_inputs(ids[index], upload)
+        return taken
+
+    def _pack_call(
+        self, function: Callable[..., Any], pickled: bytes, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> bytes:
+        try:
+            payload = pack((pickled, args, kwargs), self.signer)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise InvalidJobSpec(f"cannot send a call of {_name(function)}: {exc}") from None
+        if len(payload) > self._settings.max_job_bytes:
+            raise ArtifactTooLarge(
+                f"a call of {_name(function)} pickles to {format_size(len(payload))}, above the "
+                f"{format_size(self._settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
+            )
+        return payload
+
+    def endings(self, job_ids: list[str]) -> list[Ending]:
+        """The records and result payloads of ended jobs: one round trip for any number."""
+
+        def build(pipe: Pipeline) -> None:
+            for job_id in job_ids:
+                self._jobs.queue_get(pipe, job_id)
+                self._artifacts.queue_outputs(pipe, job_id)
+
+        replies = self._jobs.pipeline(build)
+        endings = []
+        for index, job_id in enumerate(job_ids):
+            record = self._jobs.record_of(job_id, replies[2 * index])
+            if record is None:
+                raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
+            endings.append((record, small_files(replies[2 * index + 1], (RESULT, ERROR))))
+        return endings
+
+    def value(self, ending: Ending) -> Any:
+        """What the call returned; or the exception it raised, raised here; or :class:`JobFailed`."""
+        record, stored = ending
+        if record.state is JobState.SUCCEEDED and RESULT in stored:
+            return unpack(stored[RESULT], self.signer)
+        raise self._error(record, stored)
+
+    def _error(self, record: JobRecord, stored: dict[str, bytes]) -> BaseException:
+        job, name = record.id, record.command[0]
+        if record.state is JobState.CANCELLED:
+            return JobCancelled(f"job {job} ({name}) was cancelled", job)
+        if record.state is JobState.TIMED_OUT:
+            return JobTimedOut(f"job {job} ({name}) {record.reason}", job)
+        if ERROR in stored:
+            return _raised(record, unpack(stored[ERROR], self.signer))
+        if record.reason == "worker lost":
+            lost = sum(attempt.outcome == "lost" for attempt in record.attempts)
+            return WorkerLost(
+                f"job {job} ({name}): its worker was lost ({lost} time(s)); no retry was left", job
+            )
+        return JobFailed(f"job {job} ({name}) {record.state.value}: {record.reason}", job)
+
+
+class _MapRun:
+    """One ``map``: its calls' jobs share a batch token, so each one's end is pushed on one list."""
+
+    def __init__(
+        self, calls: Calls, spec: JobSpec, function: Callable[..., Any], pending: Iterator[Call], window: int
+    ) -> None:
+        self._calls = calls
+        self._spec = spec
+        self._function = function
+        self._pending = pending
+        self._window = window
+        self._token = secrets.token_hex(8)
+        #: Unfinished jobs, by id: the index of their call.
+        self._waiting: dict[str, int] = {}
+        self._submitted = 0
+
+    def fill(self) -> None:
+        """Submit calls until ``window`` are unfinished or none are left."""
+        while room := self._window - len(self._waiting):
+            batch = list(itertools.islice(self._pending, min(room, BATCH)))
+            if not batch:
+                return
+            for job_id in self._calls._submit_batch(self._spec, self._function, batch, self._token):
+                self._waiting[job_id] = self._submitted
+                self._submitted += 1
+
+    def results(self, ordered: bool) -> Iterator[Any]:
+        ended: dict[int, Ending] = {}
+        next_index = 0
+        quiet_since = time.monotonic()
+        try:
+            while True:
+                if ordered:
+                    while next_index in ended:
+                        yield self._calls.value(ended.pop(next_index))
+                        next_index += 1
+                else:
+                    for index in list(ended):
+                        yield self._calls.value(ended.pop(index))
+                self.fill()
+                if not self._waiting:
+                    return
+                ids = [
+                    job_id for job_id in self._calls._jobs.ended(self._token, 1.0) if job_id in self._waiting
+                ]
+                if not ids and time.monotonic() - quiet_since > _RECHECK:
+                    ids = self._ended_unnoticed()
+                if ids:
+                    quiet_since = time.monotonic()
+                for ending in self._calls.endings(ids):
+                    ended[self._waiting.pop(ending[0].id)] = ending
+        finally:
+            # Left early (a break, an exception, Ctrl+C): the calls not yet finished are not wanted.
+            if self._waiting:
+                self._calls._jobs.cancel_many(list(self._waiting))
+
+    def _ended_unnoticed(self) -> list[str]:
+        """Jobs that ended without their notice reaching the list (Redis lost it in a restart)."""
+        waiting = list(self._waiting)
+        records = self._calls._jobs.get_many(waiting)
+        return [
+            job_id
+            for job_id, record in zip(waiting, records, strict=True)
+            if not record or record.state.is_terminal
+        ]
+
+
+class RemoteTraceback(Exception):
+    """Where a remote function raised, on Python versions without exception notes."""
+
+
+def _raised(record: JobRecord, report: dict[str, Any]) -> BaseException:
+    """The exception a call raised, rebuilt with its remote traceback, or a :class:`RemoteError`."""
+    where = f"job {record.id} on worker {record.worker}"
+    text = report["traceback"]
+    exc = None
+    if report["exception"] is not None:
+        try:
+            exc = pickle.loads(report["exception"])  # inside the verified payload
+        except Exception:  # its class cannot be imported here: described instead
+            exc = None
+    if isinstance(exc, Exception):
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"\nRemote traceback ({where}):\n{text.rstrip()}")
+        else:
+            exc.__cause__ = RemoteTraceback(f"{where}\n{text}")
+        return exc
+    message = f"{report['type']}: {report['message']}\n\nRemote traceback ({where}):\n{text.rstrip()}"
+    return RemoteError(message, record.id, report["type"], text)
+
+
+def _name(function: Callable[..., Any]) -> str:
+    return getattr(function, "__qualname__", repr(function))

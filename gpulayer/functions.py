@@ -1,0 +1,193 @@
+"""``@gl.remote``: a Python function that runs on a worker with what it asks for, its result (or its
+exception) back in the caller.
+
+    import gpulayer as gl
+
+    @gl.remote(gpus=1, gpu_memory="24GB", frameworks={"torch": ">=2.1"})
+    def train(lr: float) -> float: ...
+
+    train(0.1)                          # runs here, unchanged
+    train.remote(0.1).result()          # runs on a worker
+    list(train.map([0.1, 0.01]))        # one job per item, results in order
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from .calls import CallOptions
+from .client import Client, Job
+from .errors import InvalidJobSpec
+from .models import JobRecord, LogLine, RetryOn, validated
+from .requirements import Requirements
+
+P = ParamSpec("P")
+R = TypeVar("R")
+_default: Client | None = None
+#: What a call may ask of the machine it runs on: the fields of :class:`gpulayer.Requirements`.
+_REQUIREMENTS = frozenset(
+    {"accelerator", "gpus", "gpu_memory", "gpu_name", "frameworks", "cpus", "memory", "labels"}
+)
+_OPTIONS = frozenset(field.name for field in dataclasses.fields(CallOptions)) - {"requirements"}
+
+
+def connect(redis_url: str | None = None, **kwargs: Any) -> Client:
+    """Set the client remote functions use unless given another: ``redis_url``, else
+    ``GPULAYER_REDIS_URL``, else the Redis that `gpulayer up` runs here. Nothing connects at import,
+    nor here: the first call does."""
+    global _default  # noqa: PLW0603 - one default client per process, as logging has one root logger
+    if _default is not None:
+        _default.close()
+    _default = Client(redis_url, **kwargs)
+    return _default
+
+
+def default_client() -> Client:
+    return _default if _default is not None else connect()
+
+
+def _options(base: CallOptions, changes: dict[str, Any]) -> tuple[CallOptions, Client | None]:
+    """``base`` with ``changes`` (requirements and options by name, as ``remote`` takes them)."""
+    client = changes.pop("client", None)
+    unknown = set(changes) - _REQUIREMENTS - _OPTIONS
+    if unknown:
+        raise InvalidJobSpec(f"unknown option(s) for a remote function: {', '.join(sorted(unknown))}")
+    frameworks = changes.get("frameworks")
+    if isinstance(frameworks, dict):
+        changes["frameworks"] = [f"{name}{spec}" for name, spec in frameworks.items()]
+    if changes.get("source") is not None:
+        changes["source"] = Path(changes["source"])
+    requirements = {
+        **base.requirements,
+        **{key: value for key, value in changes.items() if key in _REQUIREMENTS},
+    }
+    validated(Requirements, requirements)
+    options = {key: value for key, value in changes.items() if key in _OPTIONS}
+    return dataclasses.replace(base, requirements=requirements, **options), client
+
+
+class FunctionHandle(Generic[R]):
+    """A call of a remote function: a job. ``result()`` waits for its value."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.id = job.id
+
+    def __repr__(self) -> str:
+        return f"FunctionHandle({self.id!r})"
+
+    def result(self, timeout: float | None = None) -> R:
+        """Its return value; or the exception it raised, raised here; or :class:`JobFailed` (worker
+        lost, timed out, cancelled) when it ended another way."""
+        value: R = self.job.client.function_result(self.id, timeout)
+        return value
+
+    def status(self) -> JobRecord:
+        return self.job.status()
+
+    def logs(self, follow: bool = False) -> Iterator[LogLine]:
+        return self.job.logs(follow=follow)
+
+    def cancel(self) -> bool:
+        return self.job.cancel()
+
+
+class RemoteFunction(Generic[P, R]):
+    """A function that runs on a worker when called through :meth:`remote` or :meth:`map`."""
+
+    def __init__(self, function: Callable[P, R], options: CallOptions, client: Client | None = None) -> None:
+        self._function = function
+        self._call_options = options
+        self._bound = client
+        functools.update_wrapper(self, function)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Runs here, in this process, as if it were not decorated."""
+        return self._function(*args, **kwargs)
+
+    def options(self, **changes: Any) -> RemoteFunction[P, R]:
+        """A copy with other requirements or options, e.g. ``f.options(gpus=2, timeout=600)``."""
+        options, client = _options(self._call_options, changes)
+        return RemoteFunction(self._function, options, client or self._bound)
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> FunctionHandle[R]:
+        """Submit one call and return its handle at once."""
+        client = self._client()
+        [job] = client.submit_calls(self._function, [(args, kwargs)], self._call_options)
+        return FunctionHandle(job)
+
+    def map(
+        self, iterable: Iterable[Any], *, ordered: bool = True, max_in_flight: int | None = None
+    ) -> Iterator[R]:
+        """One call per item, submitted at once in batches (one round trip each), at most
+        ``max_in_flight`` unfinished at a time (default 10,000). Yields each value in the order of
+        ``iterable``, or as calls end with ``ordered=False``; a call's exception is raised when its
+        turn comes. Leaving the loop early cancels the calls not yet finished."""
+        return self._map((((item,), {}) for item in iterable), ordered, max_in_flight)
+
+    def starmap(
+        self, iterable: Iterable[Iterable[Any]], *, ordered: bool = True, max_in_flight: int | None = None
+    ) -> Iterator[R]:
+        """Like :meth:`map`, each item being the positional arguments of one call."""
+        return self._map(((tuple(args), {}) for args in iterable), ordered, max_in_flight)
+
+    def _client(self) -> Client:
+        return self._bound or default_client()
+
+    def _map(
+        self,
+        calls: Iterator[tuple[tuple[Any, ...], dict[str, Any]]],
+        ordered: bool,
+        max_in_flight: int | None,
+    ) -> Iterator[R]:
+        values: Iterator[R] = self._client().map_calls(
+            self._function, calls, self._call_options, ordered=ordered, max_in_flight=max_in_flight
+        )
+        return values
+
+
+@overload
+def remote(function: Callable[P, R], /) -> RemoteFunction[P, R]: ...
+
+
+@overload
+def remote(
+    *,
+    accelerator: str | None = None,
+    gpus: int | None = None,
+    gpu_memory: str | int | None = None,
+    gpu_name: str | None = None,
+    frameworks: dict[str, str] | Iterable[str] | None = None,
+    cpus: int | None = None,
+    memory: str | int | None = None,
+    labels: dict[str, str] | None = None,
+    timeout: float | None = None,
+    retries: int | None = None,
+    retry_on: RetryOn | None = None,
+    retry_delay: float | None = None,
+    priority: int = 0,
+    fresh_process: bool = False,
+    source: str | Path | None = None,
+    client: Client | None = None,
+) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
+
+
+def remote(function: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Make ``function`` runnable on a worker: ``f.remote(...)``, ``f.map(...)``, ``f.options(...)``;
+    ``f(...)`` still runs here, unchanged. Takes what the machine must have (``accelerator``,
+    ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks`` as ``{"torch": ">=2.1"}`` or
+    ``["torch>=2.1"]``, ``cpus``, ``memory``, ``labels``) and how calls run (``timeout``,
+    ``retries``, ``retry_on``, ``retry_delay``, ``priority``, ``fresh_process``, ``source``: the
+    folder shipped with the code, ``client``). Bad options raise :class:`InvalidJobSpec` here."""
+    call_options, client = _options(
+        CallOptions(), {key: value for key, value in options.items() if value is not None}
+    )
+
+    def decorate(target: Callable[P, R]) -> RemoteFunction[P, R]:
+        return RemoteFunction(target, call_options, client)
+
+    return decorate(function) if function is not None else decorate

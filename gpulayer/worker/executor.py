@@ -1,0 +1,108 @@
+"""A function executor: a Python process that runs a worker's function jobs one at a time and stays
+warm for the next job with the same code bundle and requirements.
+
+The worker starts it as a fresh interpreter running :func:`main`, never as a fork of itself, so a
+function may use CUDA whatever ran in the worker before. It runs in the code bundle's folder, which
+comes first on ``sys.path``. Requests and replies travel on two pipes the worker passes in; what the
+function prints goes to the executor's stdout and stderr, which the worker reads into the job's log.
+
+A request is a JSON header ``{"env"}`` and the signed call; a reply a JSON header ``{"ok": bool,
+"error": "Type: message", "children": bool}`` and the signed result, or the signed report of the
+exception (:func:`report`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+import cloudpickle
+
+from ..payloads import pack, unpack
+from ..signing import Signer
+
+#: The variable the worker passes the installation's secret in; removed before any call runs.
+SECRET_VARIABLE = "GPULAYER_EXECUTOR_SECRET"
+#: Functions unpickled so far, by their pickle; forgotten all at once past this many.
+_FUNCTIONS: dict[bytes, Any] = {}
+_FUNCTIONS_KEPT = 32
+
+
+def main(argv: list[str]) -> None:
+    requests = Connection(int(argv[1]), writable=False)
+    replies = Connection(int(argv[2]), readable=False)
+    signer = Signer(os.environ.pop(SECRET_VARIABLE).encode())
+    # The project (the bundle, this process's folder) imports first, as it does where it was written.
+    sys.path.insert(0, os.getcwd())
+    while True:
+        try:
+            header = json.loads(requests.recv_bytes())
+            payload = requests.recv_bytes()
+        except EOFError:
+            return
+        reply, blob = run(header, payload, signer)
+        replies.send_bytes(json.dumps(reply).encode())
+        replies.send_bytes(blob)
+
+
+def run(header: dict[str, Any], payload: bytes, signer: Signer) -> tuple[dict[str, Any], bytes]:
+    """Run one call with the job's environment, which is put back after."""
+    environment = dict(os.environ)
+    os.environ.update(header["env"])
+    reply: dict[str, Any]
+    try:
+        pickled, args, kwargs = unpack(payload, signer)
+        reply, blob = {"ok": True}, pack(_function(pickled)(*args, **kwargs), signer)
+    except BaseException as exc:  # whatever the call raised, SystemExit included, is its result
+        traceback.print_exc()
+        reply, blob = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, pack(report(exc), signer)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.environ.clear()
+        os.environ.update(environment)
+    # The worker kills what the call left running; it looks only when there is something to find.
+    reply["children"] = has_children()
+    return reply, blob
+
+
+def _function(pickled: bytes) -> Any:
+    """The function of a call, unpickled once per executor (its pickle was verified with the call)."""
+    function = _FUNCTIONS.get(pickled)
+    if function is None:
+        if len(_FUNCTIONS) >= _FUNCTIONS_KEPT:
+            _FUNCTIONS.clear()
+        function = _FUNCTIONS[pickled] = pickle.loads(pickled)
+    return function
+
+
+def has_children() -> bool:
+    """Whether this process has children still running; those that ended are reaped."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def report(exc: BaseException) -> dict[str, Any]:
+    """What the caller needs to raise ``exc`` again: the exception itself pickled apart (None if it
+    cannot be), so one that cannot be rebuilt there is still described."""
+    try:
+        pickled: bytes | None = cloudpickle.dumps(exc)
+    except Exception:
+        pickled = None
+    kind = type(exc)
+    return {
+        "type": f"{kind.__module__}.{kind.__qualname__}",
+        "message": str(exc),
+        "traceback": traceback.format_exc(),
+        "exception": pickled,
+    }

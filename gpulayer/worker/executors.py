@@ -1,0 +1,164 @@
+"""A worker's function executors: started on demand, kept warm for later jobs with the same code
+bundle, requirements and GPUs, never more idle ones than the worker has slots, and none that sits
+idle on a GPU another job needs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from .executor import SECRET_VARIABLE
+from .process import JobProcesses, descendants, signal_tree
+
+#: How an executor starts: a fresh interpreter that imports the executor's module and runs it.
+_MAIN = "import sys; from gpulayer.worker.executor import main; main(sys.argv)"
+#: An idle executor is stopped after this long (s) without a job.
+IDLE_LIMIT = 600.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """What makes a warm executor fit for a job."""
+
+    bundle: str
+    capability: str
+    #: The CUDA devices it sees (``CUDA_VISIBLE_DEVICES``); empty for none.
+    devices: str
+
+
+class Executor:
+    """One executor process, its two pipes, and its output (read by the job's runner)."""
+
+    def __init__(self, processes: JobProcesses, key: Key, env: Mapping[str, str], cwd: Path) -> None:
+        self.key = key
+        self.idle_since = time.monotonic()
+        self._processes = processes
+        request_read, request_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        command = [sys.executable, "-c", _MAIN, str(request_read), str(reply_write)]
+        try:
+            self.process = processes.spawn(command, cwd, env, pass_fds=(request_read, reply_write))
+        except OSError:
+            os.close(request_write)
+            os.close(reply_read)
+            raise
+        finally:
+            os.close(request_read)
+            os.close(reply_write)
+        self.requests = Connection(request_write, readable=False)
+        self.replies = Connection(reply_read, writable=False)
+        # Read between jobs too: a runner drains what is there without waiting for more.
+        for stream in (self.process.stdout, self.process.stderr):
+            assert stream is not None
+            os.set_blocking(stream.fileno(), False)
+
+    def send(self, header: dict[str, Any], payload: bytes) -> None:
+        self.requests.send_bytes(json.dumps(header).encode())
+        self.requests.send_bytes(payload)
+
+    def receive(self) -> tuple[dict[str, Any], bytes]:
+        header = json.loads(self.replies.recv_bytes())
+        return header, self.replies.recv_bytes()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill_children(self) -> int:
+        """SIGKILL what the last job started under this executor; a job's processes end with it.
+        (The executor reaps its own children; what they leave to the worker, the worker's strays hunt
+        finds.)"""
+        children = descendants(self.process.pid)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        return len(children)
+
+    def close(self) -> None:
+        """Stop it and everything it started, and reap it."""
+        for connection in (self.requests, self.replies):
+            with contextlib.suppress(OSError):
+                connection.close()
+        if self.alive:
+            signal_tree(self.process.pid, signal.SIGKILL)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+        self._processes.reap(self.process)
+
+
+class ExecutorPool:
+    """Idle executors by key. ``acquire`` takes a warm one or starts one; ``release`` keeps it or not."""
+
+    def __init__(self, processes: JobProcesses, secret: bytes, limit: int) -> None:
+        self._processes = processes
+        self._secret = secret.decode()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._idle: list[Executor] = []
+
+    def acquire(self, key: Key, env: Mapping[str, str], cwd: Path) -> Executor:
+        """A warm executor for ``key``, else a new one started in ``cwd`` with ``env``."""
+        self.close_stale()
+        with self._lock:
+            found = next((executor for executor in self._idle if executor.key == key), None)
+            if found is not None:
+                self._idle.remove(found)
+        return found if found is not None else self.start(key, env, cwd)
+
+    def close_stale(self) -> None:
+        """Stop idle executors that died, or sat idle past :data:`IDLE_LIMIT`."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [e for e in self._idle if not e.alive or now - e.idle_since > IDLE_LIMIT]
+            self._idle = [executor for executor in self._idle if executor not in stale]
+        self._close(stale)
+
+    def start(self, key: Key, env: Mapping[str, str], cwd: Path) -> Executor:
+        """A new executor for ``key``, started in ``cwd`` with ``env``."""
+        return Executor(
+            self._processes, key, {**env, SECRET_VARIABLE: self._secret, "PYTHONUNBUFFERED": "1"}, cwd
+        )
+
+    def release(self, executor: Executor, *, keep: bool) -> None:
+        """Keep ``executor`` warm for the next job of its key, or stop it; the longest idle go when
+        more than the limit wait."""
+        with self._lock:
+            if keep and executor.alive:
+                executor.idle_since = time.monotonic()
+                self._idle.append(executor)
+                evicted, self._idle = self._idle[: -self._limit], self._idle[-self._limit :]
+            else:
+                evicted = [executor]
+        self._close(evicted)
+
+    def evict(self, devices: set[str], keep: Key | None = None) -> None:
+        """Stop idle executors that hold any of ``devices`` (they may keep GPU memory), but ``keep``'s."""
+        with self._lock:
+            evicted = [
+                executor
+                for executor in self._idle
+                if executor.key != keep and devices & set(filter(None, executor.key.devices.split(",")))
+            ]
+            self._idle = [executor for executor in self._idle if executor not in evicted]
+        self._close(evicted)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        self._close(idle)
+
+    @staticmethod
+    def _close(executors: list[Executor]) -> None:
+        for executor in executors:
+            executor.close()

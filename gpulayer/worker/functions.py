@@ -1,0 +1,86 @@
+"""What a worker needs for function jobs: the installation's secret, the code bundles unpacked on this
+machine, and its warm executors."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..archive import extract
+from ..store.artifacts import BUNDLE_TTL, ArtifactStore
+from .executors import ExecutorPool
+
+#: A bundle folder in use is checked for and touched this often (s), not at every call.
+_TOUCH = 3600.0
+# Spool a bundle in memory up to this size while unpacking it, on disk beyond.
+_SPOOL = 16 * 1024 * 1024
+
+
+class CodeBundles:
+    """Bundles unpacked under ``root``, one folder per digest, shared by every worker of this machine
+    that uses the same home. A folder appears whole or not at all (unpacked aside, then renamed)."""
+
+    def __init__(self, root: Path, artifacts: ArtifactStore) -> None:
+        self._root = root
+        self._artifacts = artifacts
+        self._lock = threading.Lock()
+        #: When each bundle was last looked at: a folder in use is looked at (and touched) hourly.
+        self._used: dict[str, float] = {}
+
+    def folder(self, digest: str) -> Path:
+        """The bundle's folder, unpacked now if this machine does not have it yet."""
+        final = self._root / digest
+        now = time.monotonic()
+        if now - self._used.get(digest, -_TOUCH) < _TOUCH:
+            return final
+        if not final.is_dir():
+            with self._lock:
+                if not final.is_dir():
+                    self._unpack(digest, final)
+        # Its modification time says when it was last used (see prune).
+        with contextlib.suppress(OSError):
+            os.utime(final)
+        self._used[digest] = now
+        return final
+
+    def _unpack(self, digest: str, final: Path) -> None:
+        self._root.mkdir(parents=True, exist_ok=True)
+        aside = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=self._root))
+        try:
+            with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+                self._artifacts.get_bundle(digest, archive)
+                archive.seek(0)
+                extract(archive, aside)
+            try:
+                aside.rename(final)
+            except OSError:
+                if not final.is_dir():  # not another worker of this machine that got there first
+                    raise
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def prune(self, max_age: float = BUNDLE_TTL) -> int:
+        """Remove bundles unused for ``max_age`` seconds (and unpacking a crash left behind)."""
+        removed = 0
+        now = time.time()
+        for folder in self._root.glob("*"):
+            with contextlib.suppress(OSError):
+                if now - folder.stat().st_mtime > max_age:
+                    shutil.rmtree(folder)
+                    removed += 1
+        return removed
+
+
+@dataclasses.dataclass(frozen=True)
+class FunctionRuntime:
+    """A worker's means to run function jobs; it has none without the installation's secret."""
+
+    secret: bytes
+    bundles: CodeBundles
+    executors: ExecutorPool

@@ -1,0 +1,536 @@
+"""The Python SDK against real workers and Redis: ``@gl.remote`` functions, ``.map``, handles,
+exceptions, code shipping, signed payloads and warm executors.
+
+Functions defined in this module travel by value (``register_pickle_by_value`` below), as a
+``__main__`` script's do, so workers need not import the test suite; the code-shipping tests run
+real scripts in their own project folders instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+import redis
+
+import gpulayer as gl
+from gpulayer import Client, JobState, Settings
+from gpulayer.models import FunctionSpec, build_spec
+from gpulayer.payloads import CALL, RESULT
+from gpulayer.signing import Signer, ensure_secret
+from gpulayer.store.artifacts import BUNDLE_TTL
+
+from .conftest import WAIT, Workers, kill_machine, wait_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Custom(Exception):
+    """An exception class of the caller's own."""
+
+
+class Unpicklable(Exception):
+    def __reduce__(self) -> Any:
+        raise TypeError("this exception refuses to be pickled")
+
+
+@pytest.fixture
+def secret(home: Path) -> bytes:
+    return ensure_secret(home)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "README").write_text("the code bundle of the in-process tests\n")
+    return folder
+
+
+@pytest.fixture
+def remote(client: Client, project: Path, secret: bytes) -> Callable[..., Any]:
+    """``gl.remote`` bound to the test's client and project folder."""
+
+    def decorate(function: Callable[..., Any] | None = None, **options: Any) -> Any:
+        options = {"client": client, "source": project, **options}
+        return gl.remote(function, **options) if function is not None else gl.remote(**options)
+
+    return decorate
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def whoami(_: object = None) -> int:
+    return os.getpid()
+
+
+def nap(seconds: float) -> str:
+    print("napping", flush=True)
+    time.sleep(seconds)
+    return "rested"
+
+
+def run_script(script: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, str(script), *args],
+        env=env,
+        cwd=script.parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+SCRIPT = """
+import json, sys
+import gpulayer as gl
+from helpers import double, HelperError
+
+OFFSET = 1000
+
+@gl.remote
+def add_offset(x):
+    print("adding to", x)
+    return x + OFFSET
+
+def make_adder(n):
+    @gl.remote
+    def add(x):
+        return x + n
+    return add
+
+@gl.remote
+def raise_helper():
+    raise HelperError("from the module")
+
+if __name__ == "__main__":
+    out = {
+        "main": add_offset.remote(1).result(timeout=60),
+        "module": gl.remote(double).remote(21).result(timeout=60),
+        "closure": make_adder(5).remote(10).result(timeout=60),
+        "lambda": gl.remote(lambda a, b: a * b).remote(6, 7).result(timeout=60),
+        "logs": [line.text for line in add_offset.remote(2).logs(follow=True)],
+    }
+    try:
+        raise_helper.remote().result(timeout=60)
+    except HelperError as exc:
+        out["helper_error"] = str(exc)
+    json.dump(out, sys.stdout)
+"""
+
+
+def write_project(root: Path) -> Path:
+    """A user's project: a script run from anywhere, and a module of theirs next to it."""
+    folder = root / "myproject"
+    folder.mkdir()
+    (folder / "helpers.py").write_text(
+        "class HelperError(Exception):\n    pass\n\ndef double(x):\n    return 2 * x\n"
+    )
+    (folder / "main.py").write_text(SCRIPT)
+    return folder / "main.py"
+
+
+@pytest.mark.slow
+def test_script_module_closure_and_lambda_run_on_a_worker_that_never_saw_the_code(
+    workers: Workers, env: dict[str, str], tmp_path: Path, secret: bytes
+) -> None:
+    workers.start("w1", 2)
+    out = json.loads(run_script(write_project(tmp_path), env).stdout)
+    assert out["main"] == 1001
+    assert out["module"] == 42
+    assert out["closure"] == 15
+    assert out["lambda"] == 42
+    assert out["logs"] == ["adding to 2"]
+    assert out["helper_error"] == "from the module"
+
+
+def monitor_writes(url: str, key: str) -> tuple[list[str], Callable[[], None]]:
+    """Every command Redis runs on ``key`` from now on (MONITOR), until the returned stop is called."""
+    seen: list[str] = []
+    stop = threading.Event()
+    connection = redis.Redis.from_url(url)
+
+    def watch() -> None:
+        with connection.monitor() as monitor:
+            for command in monitor.listen():
+                if key in command["command"]:
+                    seen.append(command["command"].split()[0].upper())
+                if stop.is_set():
+                    return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+
+    def finish() -> None:
+        stop.set()
+        connection.ping()  # one more command, so the monitor loop sees the stop
+        redis.Redis.from_url(url).ping()
+        thread.join(10)
+
+    return seen, finish
+
+
+@pytest.mark.slow
+def test_a_second_call_ships_no_new_code(
+    workers: Workers, env: dict[str, str], tmp_path: Path, secret: bytes, raw_redis: redis.Redis, home: Path
+) -> None:
+    workers.start("w1", 2)
+    script = write_project(tmp_path)
+    run_script(script, env)
+    [bundle_key] = [key.decode() for key in raw_redis.scan_iter("*:bundle:*")]
+    assert 0 < raw_redis.ttl(bundle_key) <= BUNDLE_TTL
+    seen, finish = monitor_writes(env["GPULAYER_REDIS_URL"], bundle_key)
+    run_script(script, env)  # a new process, the same code
+    finish()
+    assert seen, "the second run asked whether the bundle is there"
+    assert not {"HSET", "DEL", "RENAME"} & set(seen), seen
+    # The worker unpacked it once.
+    assert len(list((home / "bundles").iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_map_ordered_and_unordered_over_200_items_on_two_workers(
+    workers: Workers, remote: Callable[..., Any], client: Client
+) -> None:
+    workers.start("w1", 2)
+    workers.start("w2", 2)
+    f = remote(square)
+    assert list(f.map(range(200))) == [x * x for x in range(200)]
+    unordered = list(f.map(range(200), ordered=False))
+    assert sorted(unordered) == [x * x for x in range(200)]
+    assert list(remote(pow).starmap([(2, 3), (3, 2)])) == [8, 9]
+    ran_on = {record.worker for record in client.jobs(JobState.SUCCEEDED, limit=402)}
+    assert ran_on == {"w1", "w2"}
+
+
+def test_calling_the_function_directly_runs_it_here(remote: Callable[..., Any]) -> None:
+    assert remote(whoami)() == os.getpid()
+    assert remote(square)(4) == 16
+
+
+@pytest.mark.slow
+def test_handle_status_logs_and_listing(
+    workers: Workers, remote: Callable[..., Any], client: Client, cli: Callable[..., Any]
+) -> None:
+    workers.start("w1", 1)
+    handle = remote(nap).remote(0.01)
+    assert handle.result(timeout=WAIT) == "rested"
+    record = handle.status()
+    assert record.state is JobState.SUCCEEDED
+    assert record.command == ["tests.test_sdk.nap"]
+    assert record.spec.function is not None
+    assert [line.text for line in handle.logs()] == ["napping"]
+    # A function job is a job like any other.
+    assert client.get(handle.id).status().worker == "w1"
+    listing = cli("jobs").output
+    assert handle.id in listing
+    assert "tests.test_sdk.nap" in listing
+
+
+@pytest.mark.slow
+def test_remote_exceptions_are_raised_here_with_the_remote_traceback(
+    workers: Workers, remote: Callable[..., Any]
+) -> None:
+    workers.start("w1", 1)
+
+    @remote
+    def fail(kind: str) -> None:
+        if kind == "builtin":
+            raise KeyError("missing")
+        if kind == "custom":
+            raise Custom("mine")
+        if kind == "unpicklable":
+            raise Unpicklable("cannot travel")
+        sys.exit(3)
+
+    with pytest.raises(KeyError, match="missing") as builtin:
+        fail.remote("builtin").result(timeout=WAIT)
+    notes = "\n".join(getattr(builtin.value, "__notes__", []))
+    assert "Remote traceback" in notes
+    assert "in fail" in notes
+    with pytest.raises(Custom, match="mine"):
+        fail.remote("custom").result(timeout=WAIT)
+    with pytest.raises(gl.RemoteError, match="cannot travel") as described:
+        fail.remote("unpicklable").result(timeout=WAIT)
+    assert described.value.remote_type.endswith("Unpicklable")
+    assert "Remote traceback" in str(described.value)
+    # Not an exception to raise in the caller: SystemExit would end the caller's program.
+    with pytest.raises(gl.RemoteError, match="SystemExit"):
+        fail.remote("exit").result(timeout=WAIT)
+    # The traceback is in the job's log too, and the job failed with its one-line reason.
+    handle = fail.remote("custom")
+    with pytest.raises(Custom):
+        handle.result(timeout=WAIT)
+    assert handle.status().reason == "Custom: mine"
+    assert handle.status().exit_code == 1
+    assert any("Custom: mine" in line.text for line in handle.logs())
+
+
+@pytest.mark.slow
+def test_map_raises_a_calls_exception_in_its_turn(workers: Workers, remote: Callable[..., Any]) -> None:
+    workers.start("w1", 2)
+
+    @remote
+    def invert(x: int) -> float:
+        return 1 / x
+
+    results = remote(invert).map([1, 2, 0, 4])
+    assert next(results) == 1.0
+    assert next(results) == 0.5
+    with pytest.raises(ZeroDivisionError):
+        next(results)
+
+
+@pytest.mark.slow
+def test_timeout_cancel_and_worker_lost_raise_distinct_errors(
+    workers: Workers, remote: Callable[..., Any], client: Client
+) -> None:
+    w1 = workers.start("w1", 2, "--lease-ttl", "2", "--heartbeat", "0.5")
+    with pytest.raises(gl.JobTimedOut, match=r"timed out after 0\.5 s"):
+        remote(nap, timeout=0.5).remote(30).result(timeout=WAIT)
+    # The executor that timed out was stopped; the next call gets a working one.
+    assert remote(square).remote(3).result(timeout=WAIT) == 9
+
+    handle = remote(nap).remote(30)
+    wait_for(lambda: handle.status().state is JobState.RUNNING, what="the call to run")
+    assert handle.cancel()
+    with pytest.raises(gl.JobCancelled):
+        handle.result(timeout=WAIT)
+
+    lost = remote(nap, retries=0).remote(30)
+    wait_for(lambda: lost.status().state is JobState.RUNNING, what="the call to run")
+    workers.start("w2", 1, "--lease-ttl", "2", "--heartbeat", "0.5")  # its reaper notices w1 is gone
+    kill_machine(w1.pid)
+    with pytest.raises(gl.WorkerLost, match="worker was lost"):
+        lost.result(timeout=WAIT)
+    assert isinstance(lost.status(), gl.JobRecord)
+
+
+@pytest.mark.slow
+def test_leaving_a_map_early_cancels_the_calls_not_finished(
+    workers: Workers, remote: Callable[..., Any], client: Client
+) -> None:
+    workers.start("w1", 1)
+    results = remote(nap).map([0.01, 30, 30, 30])
+    assert next(results) == "rested"
+    results.close()
+    wait_for(lambda: len(client.jobs(JobState.CANCELLED)) == 3, what="the other three calls to be cancelled")
+
+
+def evil_payload(marker: Path) -> bytes:
+    class Evil:
+        def __reduce__(self) -> Any:
+            return (os.system, (f"touch {marker}",))
+
+    return cloudpickle.dumps(Evil())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signed_with", [None, b"not-the-installation-secret-0123456789"])
+def test_a_forged_payload_written_into_redis_is_refused_unpickled(
+    workers: Workers, client: Client, tmp_path: Path, secret: bytes, signed_with: bytes | None
+) -> None:
+    workers.start("w1", 1)
+    marker = tmp_path / "pwned"
+    payload = evil_payload(marker)
+    if signed_with:
+        payload = Signer(signed_with).sign(payload)
+    spec = build_spec(command=["forged"], function=FunctionSpec(name="forged", bundle="0" * 64))
+    # Straight into Redis, as anyone who can reach it could: no client, no secret.
+    client._artifacts.put_inputs("f0f0f0f0f0f0", "up", CALL, io.BytesIO(payload))
+    assert client._jobs.submit("f0f0f0f0f0f0", spec, "up") == "f0f0f0f0f0f0"
+    record = client.get("f0f0f0f0f0f0").wait(WAIT)
+    assert record.state is JobState.FAILED
+    assert record.reason is not None
+    assert record.reason.startswith("refused: the payload is not signed")
+    assert not marker.exists()
+    # The worker is fine, and runs real calls after it.
+    assert gl.remote(square, client=client, source=tmp_path).remote(5).result(timeout=WAIT) == 25
+
+
+@pytest.mark.slow
+def test_a_forged_result_is_refused_by_the_client(
+    workers: Workers, remote: Callable[..., Any], client: Client, raw_redis: redis.Redis, tmp_path: Path
+) -> None:
+    workers.start("w1", 1)
+    handle = remote(square).remote(2)
+    assert handle.result(timeout=WAIT) == 4
+    marker = tmp_path / "pwned"
+    key = client.keys.outputs(handle.id)
+    raw_redis.delete(key)
+    client._artifacts.put_outputs(handle.id, 0, RESULT, io.BytesIO(evil_payload(marker)))
+    raw_redis.rename(client.keys.staged_outputs(handle.id, 0), key)
+    with pytest.raises(gl.UntrustedPayload):
+        handle.result()
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_numpy_arrays_round_trip(workers: Workers, remote: Callable[..., Any]) -> None:
+    numpy = pytest.importorskip("numpy")
+    workers.start("w1", 1)
+
+    @remote
+    def scale(array: Any, factor: float) -> Any:
+        return array * factor
+
+    array = numpy.arange(300_000, dtype=numpy.float64).reshape(600, 500)  # 2.4 MB: several chunks
+    result = scale.remote(array, 2.0).result(timeout=WAIT)
+    assert result.dtype == numpy.float64
+    assert numpy.array_equal(result, array * 2.0)
+
+
+@pytest.mark.slow
+def test_executors_stay_warm_unless_a_call_asks_for_a_fresh_one(
+    workers: Workers, remote: Callable[..., Any]
+) -> None:
+    workers.start("w1", 1)
+    warm = remote(whoami)
+    first = warm.remote().result(timeout=WAIT)
+    assert warm.remote().result(timeout=WAIT) == first
+    assert first != os.getpid()
+    fresh = warm.options(fresh_process=True)
+    pids = {fresh.remote().result(timeout=WAIT) for _ in range(2)}
+    assert len(pids) == 2
+    assert first not in pids
+
+
+@pytest.mark.slow
+def test_a_call_leaves_no_process_behind(
+    workers: Workers, remote: Callable[..., Any], tmp_path: Path
+) -> None:
+    workers.start("w1", 1)
+
+    @remote
+    def spawn_sleeper() -> int:
+        return subprocess.Popen(["sleep", "300"]).pid
+
+    pid = spawn_sleeper.remote().result(timeout=WAIT)
+    wait_for(lambda: not _alive(pid), what="the call's child to be stopped")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_options_are_checked_when_the_function_is_decorated(remote: Callable[..., Any]) -> None:
+    with pytest.raises(gl.InvalidJobSpec, match="gpus"):
+        remote(square, gpus=-1)
+    with pytest.raises(gl.InvalidJobSpec, match="unknown option"):
+        remote(square).options(gpu=1)
+    f = remote(square).options(gpus=2, gpu_memory="24GB", frameworks={"torch": ">=2.1"})
+    spec = f._client()._calls.spec(square, f._call_options)
+    assert spec.requirements.gpus == 2
+    assert spec.requirements.frameworks == ("torch>=2.1",)
+
+
+def test_an_argument_that_cannot_be_pickled_fails_at_once_and_writes_nothing(
+    remote: Callable[..., Any], raw_redis: redis.Redis
+) -> None:
+    f = remote(square)
+    f.remote(1)  # ships the bundle, so what follows would be the call's own writes
+    before = set(raw_redis.keys())
+    with pytest.raises(gl.InvalidJobSpec, match="cannot send a call of square"):
+        f.remote(threading.Lock())
+    with pytest.raises(gl.InvalidJobSpec):
+        list(f.map([1, threading.Lock()]))
+    assert set(raw_redis.keys()) == before
+
+
+def test_without_a_secret_the_client_says_how_to_get_one(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPULAYER_SECRET", raising=False)
+    client = Client(redis_url, settings=Settings(home=tmp_path / "empty-home"))
+    with pytest.raises(gl.ConfigError, match="gpulayer up"):
+        gl.remote(square, client=client, source=tmp_path).remote(1)
+
+
+@pytest.mark.slow
+def test_a_worker_without_the_secret_fails_function_jobs_saying_why(
+    workers: Workers, remote: Callable[..., Any], env: dict[str, str], tmp_path: Path
+) -> None:
+    workers.env = {**env, "GPULAYER_HOME": str(tmp_path / "worker-home")}
+    workers.start("w1", 1)
+    with pytest.raises(gl.JobFailed, match="no secret"):
+        remote(square).remote(1).result(timeout=WAIT)
+
+
+def test_connect_sets_the_default_client(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = gl.connect(redis_url)
+    try:
+        assert gl.remote(square)._client() is client
+    finally:
+        client.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_default_client() -> Iterator[None]:
+    yield
+    gl.functions._default = None
+
+
+def test_payloads_verify_before_unpickling(tmp_path: Path) -> None:
+    signer = Signer(b"k" * 32)
+    marker = tmp_path / "pwned"
+    blob = signer.sign(pickle.dumps(3))
+    assert signer.verify(blob) == pickle.dumps(3)
+    for forged in (evil_payload(marker), Signer(b"x" * 32).sign(evil_payload(marker)), blob[:-1] + b"!"):
+        with pytest.raises(gl.UntrustedPayload):
+            signer.verify(forged)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+def test_the_remote_functions_example_runs(workers: Workers, env: dict[str, str], secret: bytes) -> None:
+    workers.start("w1", 2)
+    example = Path(__file__).resolve().parent.parent / "examples" / "remote_functions" / "squares.py"
+    out = run_script(example, env).stdout
+    assert "the first call ran on" in out
+    assert "'count': 100" in out
+    assert "raised remotely: -1 is negative" in out
+
+
+@pytest.mark.slow
+def test_map_keeps_at_most_max_in_flight_calls_unfinished(
+    workers: Workers, remote: Callable[..., Any], client: Client
+) -> None:
+    workers.start("w1", 2)
+    assert list(remote(square).map(range(20), max_in_flight=3)) == [x * x for x in range(20)]
+    records = client.jobs(limit=20)
+    for record in records:
+        # When each call was submitted, at most two others were still unfinished.
+        unfinished = [
+            other
+            for other in records
+            if other.created_at < record.created_at and other.ended_at and other.ended_at > record.created_at
+        ]
+        assert len(unfinished) <= 2
+
+
+def test_a_waiting_call_says_why_it_is_not_running(remote: Callable[..., Any], client: Client) -> None:
+    handle = remote(square, gpus=1).remote(3)
+    plan = client.get(handle.id).why()
+    assert not plan.schedulable
+    assert handle.status().state is JobState.QUEUED
