@@ -12,11 +12,14 @@ list(train.map([0.1, 0.01, 0.001]))         # one job per item
 job = gl.Client().submit(["python", "train.py"], source=".", outputs=["model.pt"])
 job.wait()
 job.download_outputs("results")
+
+gl.DistributedJob(["python", "ddp.py"], nodes=2, gpus_per_node=4).submit()  # 8 ranks on 2 machines
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
 from .client import Client, Job
+from .distributed import DistributedJob
 from .errors import (
     ArchiveError,
     ArtifactTooLarge,
@@ -42,7 +45,7 @@ from .errors import (
 )
 from .functions import FunctionHandle, RemoteFunction, connect, remote
 from .inventory import GPU, Resources, WorkerInfo
-from .models import Attempt, JobRecord, JobSpec, JobState, LogLine, OutputSummary
+from .models import Attempt, Distributed, GangPart, JobRecord, JobSpec, JobState, LogLine, OutputSummary
 from .placement import Plan, Reason
 from .requirements import Requirements
 from .settings import Settings
@@ -59,7 +62,10 @@ __all__ = [
     "Attempt",
     "Client",
     "ConfigError",
+    "Distributed",
+    "DistributedJob",
     "FunctionHandle",
+    "GangPart",
     "GpulayerError",
     "InputNotFound",
     "InvalidJobSpec",

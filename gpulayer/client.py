@@ -24,7 +24,7 @@ from .errors import (
 )
 from .home import resolve_redis_url
 from .inventory import WorkerInfo
-from .models import JobRecord, JobState, LogLine, RetryOn, build_spec, validated
+from .models import JobRecord, JobState, Launcher, LogLine, RetryOn, build_spec, validated
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
@@ -88,6 +88,9 @@ class Client:
         retry_delay: float | None = None,
         idempotency_key: str | None = None,
         fail_if_unschedulable: bool = False,
+        nodes: int | None = None,
+        procs_per_node: int | None = None,
+        launcher: Launcher | None = None,
         **requirements: Any,
     ) -> Job:
         """Queue ``command`` (a list of arguments, or a string split like a shell would; it runs without
@@ -104,6 +107,12 @@ class Client:
         1), doubling each time. A second submit with the same ``idempotency_key`` returns the first
         job, as long as it exists, instead of making another.
 
+        ``nodes`` (or ``procs_per_node``, or ``launcher``) makes it a gang job: ``nodes`` distinct
+        workers, each with what ``requirements`` ask for, run ``procs_per_node`` ranks of the command
+        each (default: the GPUs per node for a GPU job, else 1), all started together or not at all,
+        and stopped together when one fails. ``launcher`` is ``"direct"`` (the worker starts the ranks
+        with torchrun's environment) or ``"torchrun"``. See docs/distributed.md.
+
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
@@ -111,6 +120,13 @@ class Client:
             archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
+        needs = validated(Requirements, requirements)
+        gang = None
+        if nodes is not None or procs_per_node is not None or launcher is not None:
+            per_node = procs_per_node or (
+                needs.gpus if needs.accelerator in ("cuda", "any") and needs.gpus else 1
+            )
+            gang = {"nodes": nodes or 1, "procs_per_node": per_node, "launcher": launcher or "direct"}
         spec = build_spec(
             command=argv,
             env=dict(env or {}),
@@ -119,7 +135,8 @@ class Client:
             outputs=list(outputs),
             source=source_files is not None,
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
-            requirements=requirements,
+            requirements=needs,
+            distributed=gang,
             priority=priority,
             **{
                 field: value
@@ -132,7 +149,7 @@ class Client:
             },
         )
         if fail_if_unschedulable:
-            plan = self.plan(spec.requirements)
+            plan = self.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
             if not plan.schedulable:
                 raise Unschedulable("no connected worker could ever run this job: " + _reasons_text(plan))
         total = input_files.size + (source_files.size if source_files else 0)
@@ -227,10 +244,11 @@ class Client:
         payload = {"command": "shutdown", "requeue": requeue}
         self.redis.publish(self.keys.pubsub(name), json.dumps(payload))
 
-    def plan(self, requirements: Requirements | None = None, **fields: Any) -> Plan:
+    def plan(self, requirements: Requirements | None = None, *, nodes: int = 1, **fields: Any) -> Plan:
         """Where a job with these requirements would run now, and why not on each other worker;
-        nothing is submitted. Takes a :class:`Requirements` or its fields."""
-        return placement.plan(requirements or validated(Requirements, fields), self.workers())
+        nothing is submitted. Takes a :class:`Requirements` or its fields; ``nodes``: for a gang job
+        with that many nodes."""
+        return placement.plan(requirements or validated(Requirements, fields), self.workers(), nodes)
 
 
 class Job:
@@ -255,14 +273,17 @@ class Job:
         self.client._wait(self.id, timeout)
         return self.status()
 
-    def logs(self, follow: bool = False) -> Iterator[LogLine]:
-        """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends."""
+    def logs(self, follow: bool = False, rank: int | None = None) -> Iterator[LogLine]:
+        """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends.
+        ``rank``: of a gang job, only the lines that rank printed."""
         self.status()
-        return self.client._logs.lines(self.id, follow=follow)
+        lines = self.client._logs.lines(self.id, follow=follow)
+        return lines if rank is None else (line for line in lines if line.rank == rank)
 
     def why(self) -> Plan:
         """For a queued job: where it would start now, or why each worker cannot run it."""
-        return self.client.plan(self.status().spec.requirements)
+        spec = self.status().spec
+        return self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
 
     def cancel(self) -> bool:
         """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about

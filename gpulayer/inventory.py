@@ -87,6 +87,10 @@ class WorkerInfo(Offer):
     state: str
     birth: datetime | None = None
     last_heartbeat: datetime | None = None
+    #: Seconds between its heartbeats.
+    heartbeat: float = 5.0
+    #: The address other machines reach its gang jobs' rank 0 at (``--advertise-addr``).
+    address: str | None = None
     #: Jobs it has taken and not yet ended.
     running: int = 0
     cpus_used: int = 0

@@ -19,6 +19,8 @@ from .requirements import DEFAULT, Requirements
 
 M = TypeVar("M", bound=BaseModel)
 RetryOn = Literal["lost", "exit", "both"]
+#: How a gang job's ranks start: by the worker itself, with torchrun's environment; or by torchrun.
+Launcher = Literal["direct", "torchrun"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -85,6 +87,21 @@ class FunctionSpec(BaseModel):
     fresh_process: bool = False
 
 
+class Distributed(BaseModel):
+    """How a gang job spreads: ``nodes`` distinct workers, each running ``procs_per_node`` ranks, all
+    started together or not at all. Each node needs what the job's requirements say."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodes: int = Field(ge=1, le=256)
+    procs_per_node: int = Field(default=1, ge=1, le=256)
+    launcher: Launcher = "direct"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
 class JobSpec(BaseModel):
     """What a job asks for: a command, or a call of a remote function. Stored with the job; the worker
     runs exactly this."""
@@ -114,6 +131,8 @@ class JobSpec(BaseModel):
     retry_delay: float = Field(default=1.0, ge=0, le=3600)
     #: Set for a call of a remote function; ``command`` then just names it.
     function: FunctionSpec | None = None
+    #: Set for a gang job: the command runs as ranks on several workers at once.
+    distributed: Distributed | None = None
 
     @property
     def queue(self) -> QueueSpec:
@@ -149,6 +168,8 @@ class JobSpec(BaseModel):
     def _function_has_no_files(self) -> JobSpec:
         if self.function and (self.source or self.inputs or self.outputs):
             raise ValueError("a function's job carries its code and arguments: no source, inputs or outputs")
+        if self.function and self.distributed:
+            raise ValueError("a remote function runs as one process; use a command for a distributed job")
         return self
 
     @field_validator("name")
@@ -215,6 +236,15 @@ class Attempt(BaseModel):
     ended_at: datetime | None = None
 
 
+class GangPart(BaseModel):
+    """Where one node of a gang job runs (or ran) in its latest attempt."""
+
+    node: int
+    worker: str
+    #: GPUs it holds on that worker, in nvidia-smi numbering.
+    gpus: list[int] = Field(default_factory=list)
+
+
 class JobRecord(BaseModel):
     """A job as stored: its spec, its state with timestamps, and how it ended."""
 
@@ -239,6 +269,8 @@ class JobRecord(BaseModel):
     attempts: list[Attempt] = Field(default_factory=list)
     #: When a retry waiting out its back-off goes back in its queue.
     retry_at: datetime | None = None
+    #: For a gang job placed on workers: its nodes, node 0 (where rank 0 runs) first.
+    parts: list[GangPart] = Field(default_factory=list)
     spec: JobSpec
 
 
@@ -250,5 +282,7 @@ class LogLine(BaseModel):
     stream: Literal["stdout", "stderr", "system"]
     text: str
     attempt: int
+    #: For a line of a gang job printed by one of its ranks: that rank (global numbering).
+    rank: int | None = None
     #: When Redis received it.
     time: datetime

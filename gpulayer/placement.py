@@ -44,12 +44,15 @@ class Reason(BaseModel):
 class Plan(BaseModel):
     """Where a job would run now, and why not elsewhere."""
 
-    #: The least busy worker that could start it now, if any.
+    #: The least busy worker that could start it now, if any (for a gang job: node 0's).
     worker: str | None
-    #: Whether some connected worker could ever run it (it may be busy now).
+    #: Whether some connected worker could ever run it (it may be busy now); for a gang job, whether
+    #: enough distinct workers could.
     schedulable: bool
-    #: One line per worker that cannot start it now.
+    #: One line per worker that cannot start it now (for a gang job, first a line for the gang).
     reasons: list[Reason]
+    #: For a gang job that could start now: the workers of its nodes, node 0 first.
+    workers: list[str] = []
 
 
 def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:
@@ -75,19 +78,33 @@ def check(requirements: Requirements, worker: WorkerInfo) -> Fit:
     return Fit(worker.name, "busy" if busy else "fits", tuple(busy), eligible)
 
 
-def plan(requirements: Requirements, workers: list[WorkerInfo]) -> Plan:
+def plan(requirements: Requirements, workers: list[WorkerInfo], nodes: int = 1) -> Plan:
+    """Where a job would start now, or why not; ``nodes`` > 1: a gang job, one node per worker."""
     if not workers:
         return Plan(worker=None, schedulable=False, reasons=[Reason(worker=None, reason=NO_WORKERS)])
-    fits = [check(requirements, worker) for worker in workers]
-    loads = {worker.name: worker.load for worker in workers}
-    fitting = sorted(
-        (fit.worker for fit in fits if fit.status == "fits"), key=lambda name: (loads[name], name)
-    )
+    fits = candidates(requirements, workers)
+    fitting = [fit.worker for fit in fits if fit.status == "fits"]
+    could = sum(fit.status != "never" for fit in fits)
+    reasons = [Reason(worker=fit.worker, reason="; ".join(fit.reasons)) for fit in fits if fit.reasons]
+    if nodes == 1:
+        return Plan(worker=fitting[0] if fitting else None, schedulable=could > 0, reasons=reasons)
+    chosen = fitting[:nodes] if len(fitting) >= nodes else []
+    if not chosen:
+        gang = (
+            f"needs {nodes} workers that can each hold one node: {could} could ever, {len(fitting)} can now"
+        )
+        reasons.insert(0, Reason(worker=None, reason=gang))
     return Plan(
-        worker=fitting[0] if fitting else None,
-        schedulable=any(fit.status != "never" for fit in fits),
-        reasons=[Reason(worker=fit.worker, reason="; ".join(fit.reasons)) for fit in fits if fit.reasons],
+        worker=chosen[0] if chosen else None, workers=chosen, schedulable=could >= nodes, reasons=reasons
     )
+
+
+def candidates(requirements: Requirements, workers: list[WorkerInfo]) -> list[Fit]:
+    """How each worker stands with the job, least busy first (ties by name): the order a job's
+    workers are chosen in."""
+    loads = {worker.name: worker.load for worker in workers}
+    fits = [check(requirements, worker) for worker in workers]
+    return sorted(fits, key=lambda fit: (loads[fit.worker], fit.worker))
 
 
 def _never(requirements: Requirements, worker: WorkerInfo) -> list[str]:

@@ -42,6 +42,9 @@ class Settings:
     retention_seconds: int = 7 * 86400
     #: After SIGTERM, a job's processes have this long (seconds) before SIGKILL.
     kill_grace_seconds: float = 10.0
+    #: The oldest waiting gang job holds the workers it needs once it has waited this long (seconds):
+    #: they take no new jobs until it starts.
+    gang_hold_after: float = 30.0
 
     def __post_init__(self) -> None:
         if not _PREFIX.match(self.prefix):
@@ -57,8 +60,8 @@ class Settings:
         ):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive")
-        if self.kill_grace_seconds < 0:
-            raise ConfigError("kill_grace_seconds must not be negative")
+        if self.kill_grace_seconds < 0 or self.gang_hold_after < 0:
+            raise ConfigError("kill_grace_seconds and gang_hold_after must not be negative")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -75,6 +78,7 @@ class Settings:
             "max_job_bytes": parse_size,
             "retention_seconds": lambda v: int(parse_duration(v)),
             "kill_grace_seconds": parse_duration,
+            "gang_hold_after": parse_duration,
         }
         for name, parse in parsers.items():
             raw = env.get(f"GPULAYER_{name.upper()}")

@@ -98,3 +98,55 @@ def test_a_worker_cut_off_past_its_lease_loses_its_job_and_writes_nothing_after(
         with contextlib.suppress(Exception):
             redis_process.kill()
             redis_process.wait()
+
+
+def test_a_gang_job_s_ranks_reach_each_other_across_a_real_network(
+    namespace: tuple[str, str, str], tmp_path: Path, env: dict[str, str]
+) -> None:
+    """One worker on the host, one in the namespace: rank 1 reaches rank 0 over the veth pair, at
+    the address its worker advertises (its end of the route to Redis)."""
+    pytest.importorskip("torch")
+    name, host_link, host_ip = namespace
+    port = free_port()
+    redis_process = start_redis(tmp_path / "redis", port, bind=f"127.0.0.1 {host_ip}", durable=False)
+    url = f"redis://{host_ip}:{port}/0"
+    wait_ready(url, redis_process)
+    client = Client(url, settings=Settings(home=tmp_path / "home"))
+    # Gloo picks its interface by name; each side names its end of the veth pair.
+    fleet = Workers(
+        client, {**env, "GPULAYER_REDIS_URL": url, "GLOO_SOCKET_IFNAME": host_link}, tmp_path / "logs"
+    )
+    inside = None
+    try:
+        fleet.start("a-host", 1)
+        with open(tmp_path / "inside.log", "wb") as log:
+            inside = subprocess.Popen(
+                ["ip", "netns", "exec", name, sys.executable, "-m", "gpulayer", "worker", "start",
+                 "--name", "b-inside", "--slots", "1"],
+                env={**env, "GPULAYER_REDIS_URL": url, "GLOO_SOCKET_IFNAME": host_link.replace("glh", "gln")},
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        fleet.wait_registered("b-inside", inside)
+        source = tmp_path / "src"
+        source.mkdir()
+        (source / "job.py").write_text(
+            "import os, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo')\n"
+            "total = torch.tensor([float(dist.get_rank() + 1)])\n"
+            "dist.all_reduce(total)\n"
+            "print('RESULT', dist.get_rank(), total.item(), os.environ['MASTER_ADDR'], flush=True)\n"
+        )
+        job = client.submit([sys.executable, "job.py"], source=source, nodes=2, timeout=120)
+        record = job.wait(150)
+        lines = sorted(line.text for line in job.logs() if line.text.startswith("RESULT"))
+        assert record.state is JobState.SUCCEEDED, [line.text for line in job.logs()]
+        assert [part.worker for part in record.parts] == ["a-host", "b-inside"]
+        assert lines == [f"RESULT 0 3.0 {host_ip}", f"RESULT 1 3.0 {host_ip}"]
+    finally:
+        if inside is not None:
+            inside.terminate()
+            inside.wait(30)
+        fleet.stop_all()
+        with contextlib.suppress(Exception):
+            redis_process.kill()
+            redis_process.wait()

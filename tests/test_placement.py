@@ -174,3 +174,28 @@ def test_gpu_memory_reads_as_it_was_given() -> None:
     assert memory_text(24 * 10**9) == "24 GB"
     assert memory_text(80 * GiB) == "80 GiB"
     assert memory_text(25_000_000_001) == "23.3 GiB"
+
+
+# --- gang jobs ------------------------------------------------------------------------------------
+
+
+def test_a_gang_job_starts_on_the_least_busy_workers_that_each_fit_one_node() -> None:
+    boxes = [worker("a", slots=4, cpus_used=2), worker("b", slots=4), worker("c", slots=4, cpus_used=1)]
+    result = plan(needs(cpus=2), boxes, nodes=2)
+    assert (result.worker, result.workers, result.schedulable) == ("b", ["b", "c"], True)
+
+
+def test_a_gang_job_waits_when_too_few_workers_fit_now_and_says_why() -> None:
+    boxes = [worker("a", slots=2, cpus_used=1), worker("b", slots=2)]
+    result = plan(needs(cpus=2), boxes, nodes=2)
+    assert (result.worker, result.workers, result.schedulable) == (None, [], True)
+    assert result.reasons[0].worker is None
+    assert result.reasons[0].reason == "needs 2 workers that can each hold one node: 2 could ever, 1 can now"
+    assert (result.reasons[1].worker, result.reasons[1].reason) == ("a", "1 of 2 CPU slots busy, needs 2")
+
+
+def test_a_gang_job_no_set_of_workers_could_hold_is_unschedulable() -> None:
+    boxes = [worker("gpu-box", gpus=[gpu(0), gpu(1)]), worker("cpu-box")]
+    result = plan(needs(gpus=2), boxes, nodes=2)
+    assert result.schedulable is False
+    assert result.reasons[0].reason == "needs 2 workers that can each hold one node: 1 could ever, 1 can now"

@@ -12,7 +12,7 @@ import click
 
 from ..client import Job
 from ..errors import WaitTimeout
-from ..models import JobRecord, JobState, LogLine, RetryOn
+from ..models import JobRecord, JobState, Launcher, LogLine, RetryOn
 from .app import duration, job_exit_code, key_values, open_client, redis_url_option, requirement_options
 from .placement import print_plan
 
@@ -77,6 +77,24 @@ _CANCEL_WAIT = 10.0
     is_flag=True,
     help="Refuse the job, submitting nothing, if no connected worker could ever run it.",
 )
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 256),
+    help="Run as a gang job on this many distinct workers at once, each with what the job needs.",
+)
+@click.option(
+    "--procs-per-node",
+    type=click.IntRange(1, 256),
+    help="Ranks per node of a gang job (default: --gpus-per-node for a GPU job, else 1).",
+)
+@click.option(
+    "--gpus-per-node", type=click.IntRange(0, 64), help="GPUs each node of a gang job needs (as --gpus)."
+)
+@click.option(
+    "--launcher",
+    type=click.Choice(["direct", "torchrun"]),
+    help="How a gang job's ranks start: by the worker, with torchrun's environment (default), or torchrun.",
+)
 @click.option("--wait", is_flag=True, help="Stream the job's logs and exit with its exit code.")
 @redis_url_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -93,6 +111,10 @@ def submit(
     retry_delay: float | None,
     idempotency_key: str | None,
     fail_if_unschedulable: bool,
+    nodes: int | None,
+    procs_per_node: int | None,
+    gpus_per_node: int | None,
+    launcher: Launcher | None,
     wait: bool,
     redis_url: str | None,
     command: tuple[str, ...],
@@ -101,7 +123,15 @@ def submit(
     """Queue CMD to run on a worker that has what it needs; prints the job id. Put CMD after `--`:
 
     gpulayer submit --gpus 2 --gpu-memory 24GB --source . --output 'results/*' -- python train.py
+
+    A gang job runs on several workers at once (see docs/distributed.md):
+
+    gpulayer submit --nodes 2 --gpus-per-node 4 --source . -- python train.py
     """
+    if gpus_per_node is not None:
+        if requirements.get("gpus") is not None:
+            raise click.UsageError("give --gpus or --gpus-per-node, not both")
+        requirements["gpus"] = gpus_per_node
     client = open_client(redis_url)
     job = client.submit(
         list(command),
@@ -117,6 +147,9 @@ def submit(
         retry_delay=retry_delay,
         idempotency_key=idempotency_key,
         fail_if_unschedulable=fail_if_unschedulable,
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        launcher=launcher,
         **requirements,
     )
     if not wait:
@@ -181,6 +214,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
         ("name", record.name),
         ("command", " ".join(record.command)),
         ("needs", record.spec.requirements.describe()),
+        ("gang", _gang_text(record)),
         ("priority", record.spec.priority or None),
         ("state", record.state.value),
         ("exit code", record.exit_code),
@@ -204,6 +238,9 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
                 else value
             )
             click.echo(f"{label + ':':<11} {text}")
+    for part in record.parts:
+        gpus = f"  gpus {','.join(map(str, part.gpus))}" if part.gpus else ""
+        click.echo(f"  node {part.node}  {part.worker}{gpus}")
     if len(record.attempts) > 1 or (record.attempts and record.state is JobState.QUEUED):
         click.echo("attempts:")
         for attempt in record.attempts:
@@ -219,10 +256,12 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
 @click.command()
 @click.argument("job_id")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends.")
+@click.option("--rank", type=click.IntRange(0), help="Of a gang job: only what this rank printed.")
 @redis_url_option
-def logs(job_id: str, follow: bool, redis_url: str | None) -> None:
-    """A job's output: stdout lines to stdout, stderr and GPUlayer's own lines to stderr."""
-    _print_lines(open_client(redis_url).get(job_id), follow=follow)
+def logs(job_id: str, follow: bool, rank: int | None, redis_url: str | None) -> None:
+    """A job's output: stdout lines to stdout, stderr and GPUlayer's own lines to stderr. The lines
+    of a gang job's ranks start with their rank, unless --rank picks one."""
+    _print_lines(open_client(redis_url).get(job_id), follow=follow, rank=rank)
 
 
 @click.command()
@@ -269,18 +308,19 @@ def outputs(job_id: str, dest: Path, redis_url: str | None) -> None:
         click.echo(path)
 
 
-def _print_lines(job: Job, *, follow: bool) -> None:
-    for line in job.logs(follow=follow):
-        _echo_line(line)
+def _print_lines(job: Job, *, follow: bool, rank: int | None = None) -> None:
+    for line in job.logs(follow=follow, rank=rank):
+        _echo_line(line, prefix=rank is None)
 
 
-def _echo_line(line: LogLine) -> None:
+def _echo_line(line: LogLine, prefix: bool = True) -> None:
+    text = f"[rank {line.rank}] {line.text}" if prefix and line.rank is not None else line.text
     if line.stream == "stdout":
-        click.echo(line.text)
+        click.echo(text)
     elif line.stream == "stderr":
-        click.echo(line.text, err=True)
+        click.echo(text, err=True)
     else:
-        click.echo(f"gpulayer: {line.text}", err=True)
+        click.echo(f"gpulayer: {text}", err=True)
 
 
 def _report_end(record: JobRecord) -> None:
@@ -299,6 +339,13 @@ def _elapsed(record: JobRecord) -> str:
         return "-"
     end = record.ended_at or datetime.now(record.started_at.tzinfo)
     return f"{(end - record.started_at).total_seconds():.1f}s"
+
+
+def _gang_text(record: JobRecord) -> str | None:
+    gang = record.spec.distributed
+    if gang is None:
+        return None
+    return f"{gang.nodes} nodes x {gang.procs_per_node} ranks ({gang.launcher})"
 
 
 def _outputs_text(record: JobRecord) -> str | None:

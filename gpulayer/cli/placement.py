@@ -43,7 +43,9 @@ def plan(redis_url: str | None, **requirements: Any) -> None:
 
 
 def print_plan(plan: Plan) -> None:
-    if plan.worker:
+    if plan.workers:
+        click.echo(f"would start on {', '.join(plan.workers)} now (the least busy workers that fit)")
+    elif plan.worker:
         click.echo(f"would start on {plan.worker} now (the least busy worker that fits)")
     elif plan.schedulable:
         click.echo("waiting for a busy worker:")

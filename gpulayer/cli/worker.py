@@ -66,6 +66,12 @@ def _worker_options(command: F) -> F:
             help="After SIGTERM, how long a job's processes get before SIGKILL (default 10s).",
         ),
         click.option(
+            "--advertise-addr",
+            metavar="HOST",
+            help="Where other machines reach this one, for the ranks of gang jobs (default: this "
+            "machine's address on its route to Redis).",
+        ),
+        click.option(
             "--secret",
             help="The installation's secret, that function calls are signed with (`gpulayer up` prints "
             "it); kept in $GPULAYER_HOME/secret for later runs. Or set GPULAYER_SECRET.",
@@ -110,11 +116,13 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
         workdir=options["workdir"],
         lease_ttl=options["lease_ttl"],
         heartbeat=options["heartbeat"],
+        advertise_addr=options["advertise_addr"],
     )
     gpus = ", ".join(f"{g.index} {g.name}" + (" (simulated)" if g.simulated else "") for g in found.gpus)
     log.info(
-        "worker %s offers %d CPU slots, %s of memory, GPUs: %s",
+        "worker %s (at %s) offers %d CPU slots, %s of memory, GPUs: %s",
         name,
+        worker.address,
         worker.offer.slots,
         format_size(worker.offer.memory),
         gpus or f"none ({found.nvml})",

@@ -20,6 +20,14 @@ from .scripts import Scripts
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+    """What makes a claim one node's part of a gang job: the gang job, and which node this is."""
+
+    job_id: str
+    node: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Claim:
     """A job this worker took: which attempt it is, the spec as stored, and the GPUs it holds."""
 
@@ -29,6 +37,13 @@ class Claim:
     queue: str
     #: Indices (nvidia-smi numbering) of the GPUs reserved for it on this worker.
     gpus: tuple[int, ...] = ()
+    #: Set for a part of a gang job (``job_id`` is then the part's own id).
+    part: Part | None = None
+
+    @property
+    def target(self) -> str:
+        """The job users know: the gang job for a part, else this one."""
+        return self.part.job_id if self.part else self.job_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,14 +91,21 @@ class ExecutionStore:
 
     def claim(
         self, queues: Sequence[QueueOffer], limit: int, slots: int, memory: int, lease_ms: int
-    ) -> list[Claim]:
-        """Take up to ``limit`` queued jobs that fit in what is free of ``slots`` CPU slots, ``memory``
-        bytes and the GPUs, serving the queues in the order given; each holds a lease of ``lease_ms``."""
-        keys = [self._keys.rq_suspended, self._jobs_key, self._usage_key]
+    ) -> tuple[list[Claim], int]:
+        """Take the parts of gang jobs placed on this worker, and up to ``limit`` queued jobs that fit
+        in what is free of ``slots`` CPU slots, ``memory`` bytes and the GPUs, serving the queues in
+        the order given; each holds a lease of ``lease_ms``. With how many gang jobs wait for workers."""
+        keys = [
+            self._keys.rq_suspended,
+            self._jobs_key,
+            self._usage_key,
+            self._keys.worker_gang(self.worker),
+            self._keys.held(self.worker),
+        ]
         args: list[object] = [limit, self.rq_name, timestamp(), slots, memory, lease_ms]
         for queue in queues:
             args.extend(queue.args())
-        flat = self._scripts.run("claim", keys, args)
+        gangs, *flat = self._scripts.run("claim", keys, args)
         return [
             Claim(
                 flat[i].decode(),
@@ -91,20 +113,23 @@ class ExecutionStore:
                 flat[i + 2],
                 flat[i + 3].decode(),
                 tuple(int(index) for index in flat[i + 4].decode().split(",") if index),
+                _part(flat[i + 5].decode()),
             )
-            for i in range(0, len(flat), 5)
-        ]
+            for i in range(0, len(flat), 6)
+        ], int(gangs)
 
     def queue_registry(self) -> dict[str, QueueSpec]:
         """Every queue that has had a job, with what its jobs ask for."""
         raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.queues))
         return {name.decode(): QueueSpec.model_validate_json(spec) for name, spec in raw.items()}
 
-    def start(self, claim: Claim, also: Callable[[Pipeline], object] | None = None) -> tuple[str, list[Any]]:
+    def start(
+        self, claim: Claim, also: Callable[[Pipeline], object] | None = None, master: str = ""
+    ) -> tuple[str, list[Any]]:
         """'ok': the job is now running; 'cancel': it was cancelled meanwhile; 'stale': it is not ours.
         With the replies of what ``also`` queued, in the same round trip (the call a function job
-        runs)."""
-        args = [claim.job_id, self.rq_name, claim.attempt, timestamp()]
+        runs). ``master``: for node 0 of a gang job, where its rank 0 listens ("host:port")."""
+        args = [claim.job_id, self.rq_name, claim.attempt, timestamp(), master]
 
         def build(pipe: Pipeline) -> None:
             self._scripts.queue(pipe, "start", [self._keys.job(claim.job_id)], args)
@@ -114,17 +139,24 @@ class ExecutionStore:
         status, *replies = self._scripts.pipeline(build)
         return status.decode(), replies
 
-    def append_logs(self, claim: Claim, lines: Iterable[tuple[str, str]]) -> bool:
-        """Store ``(stream, text)`` lines; False, storing nothing, if the job is no longer this attempt's."""
+    def master(self, claim: Claim) -> str | None:
+        """Where rank 0 of the gang job this part belongs to listens, once node 0 has said it."""
+        assert claim.part is not None
+        value = self._redis.hget(self._keys.job(claim.part.job_id), "gl_master")
+        return value.decode() if isinstance(value, bytes) else None
+
+    def append_logs(self, claim: Claim, lines: Iterable[tuple[str, str, int | None]]) -> bool:
+        """Store ``(stream, text, rank)`` lines (rank None but for a gang job's ranks); False, storing
+        nothing, if the job is no longer this attempt's."""
         args: list[object] = [claim.job_id, self.rq_name, claim.attempt]
-        for stream, text in lines:
-            args.extend((stream, text))
+        for stream, text, rank in lines:
+            args.extend((stream, text, "" if rank is None else rank))
         return bool(self._scripts.run("append_logs", [self._keys.job(claim.job_id)], args))
 
     def finish(
         self,
         claim: Claim,
-        state: JobState,
+        state: JobState | Literal["unstarted"],
         *,
         exit_code: int | None,
         reason: str | None,
@@ -134,18 +166,19 @@ class ExecutionStore:
     ) -> Finished:
         """End the attempt: the job ends, or runs again (a retry on a non-zero exit), or, when the
         attempt no longer owns the job, nothing is written. ``before`` may queue the attempt's last
-        staged outputs, to go in the same round trip."""
+        staged outputs, to go in the same round trip. A part of a gang job ends the same way, and the
+        gang job decides (``unstarted``: the part could not start its ranks)."""
         keys = [
             self._keys.job(claim.job_id),
             self._worker_key,
             self._keys.staged_outputs(claim.job_id, claim.attempt),
-            self._keys.outputs(claim.job_id),
+            self._keys.outputs(claim.target),
         ]
         args = [
             claim.job_id,
             self.rq_name,
             claim.attempt,
-            state.value,
+            state.value if isinstance(state, JobState) else state,
             "" if exit_code is None else exit_code,
             reason or "",
             timestamp(),
@@ -183,3 +216,9 @@ class ExecutionStore:
         worker (a retry is used, or the job fails); ``returned`` puts them back, no retry used."""
         args = [self.rq_name, mode, message, timestamp(), *job_ids]
         return int(self._scripts.run("requeue", [self._jobs_key], args))
+
+
+def _part(text: str) -> Part | None:
+    """The part a claim reply names as "gang job id:node", if any."""
+    job_id, _, node = text.rpartition(":")
+    return Part(job_id, int(node)) if job_id else None

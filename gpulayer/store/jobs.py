@@ -13,7 +13,7 @@ from redis import Redis
 from redis.client import Pipeline
 from rq.utils import now
 
-from ..models import Attempt, JobRecord, JobSpec, JobState, OutputSummary
+from ..models import Attempt, GangPart, JobRecord, JobSpec, JobState, OutputSummary
 from ..settings import Settings
 from .connection import BLOCK_MS
 from .keys import Keys
@@ -25,7 +25,7 @@ _DRAIN = 1000
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_spec(raw: bytes) -> JobSpec:
+def parse_spec(raw: bytes) -> JobSpec:
     """A stored spec, parsed once: the calls of one ``map`` share theirs (records share it: read-only)."""
     return JobSpec.model_validate_json(raw)
 
@@ -79,6 +79,8 @@ class JobStore:
         fields["gl_attempt"] = 0
         # What the scripts need to decide on a retry, without parsing the spec.
         fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
+        if spec.distributed:
+            fields["gl_nodes"] = spec.distributed.nodes
         fields.update(extra)
         # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
         args: list[object] = [
@@ -175,7 +177,7 @@ class JobStore:
             value = raw.get(field.encode())
             return value.decode() if value else None
 
-        spec = _parse_spec(raw[b"gl_spec"])
+        spec = parse_spec(raw[b"gl_spec"])
         worker, exit_code, outputs = text("worker_name"), text("gl_exit_code"), text("gl_outputs")
         retry_at = text("gl_retry_at")
         created = parse_timestamp(raw.get(b"created_at"))
@@ -196,8 +198,17 @@ class JobStore:
             started_at=parse_timestamp(raw.get(b"started_at")),
             ended_at=parse_timestamp(raw.get(b"ended_at")),
             outputs=OutputSummary.model_validate_json(outputs) if outputs else None,
-            gpus=[int(index) for index in (text("gl_gpus") or "").split(",") if index],
+            gpus=_indices(text("gl_gpus") or ""),
             attempts=[Attempt.model_validate(entry) for entry in json.loads(text("gl_attempts") or "[]")],
             retry_at=datetime.fromtimestamp(int(retry_at) / 1000, tz=timezone.utc) if retry_at else None,
+            parts=[
+                GangPart(node=node, worker=part["worker"], gpus=_indices(part["gpus"]))
+                for node, part in enumerate(json.loads(text("gl_parts") or "[]"))
+            ],
             spec=spec,
         )
+
+
+def _indices(text: str) -> list[int]:
+    """GPU indices as stored: "0,2"."""
+    return [int(index) for index in text.split(",") if index]

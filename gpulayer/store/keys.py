@@ -40,6 +40,11 @@ class Keys:
         #: Sorted set of the ids of jobs waiting out a retry's back-off, scored by when they go back
         #: in their queue (ms, by Redis's clock).
         self.delayed = f"{prefix}:delayed"
+        #: Sorted set of the ids of distributed (gang) jobs waiting for workers, scored by creation
+        #: time (µs): they wait here, not in a queue, because no single worker can take one.
+        self.gangs = f"{prefix}:gangs"
+        #: Channel a gang job's id is published on when it starts waiting, so workers try to place it.
+        self.gang_wake = f"{prefix}:gangs:wake"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.
@@ -66,6 +71,14 @@ class Keys:
             "bundle": f"{prefix}:bundle:{{}}",
             # List of the ids of a batch's jobs (one ``.map``), pushed as each ends, by the batch's token.
             "ended": f"{prefix}:ended:{{}}",
+            # List of the ids of the parts of gang jobs placed on a worker (their resources already
+            # reserved), which it takes before any queue; by worker name.
+            "worker_gang": f"{prefix}:worker:{{}}:gang",
+            # Channel a gang part's id is published on when it is placed on the worker, by worker name.
+            "worker_wake": f"{prefix}:worker:{{}}:wake",
+            # The id of the gang job a worker is held for (with a TTL): while it exists, the worker
+            # takes no new job from its queues, so the gang is not starved; by worker name.
+            "held": f"{prefix}:worker:{{}}:held",
             # Set of the ids of jobs a worker has taken and not ended, by worker name.
             "worker_jobs": f"{prefix}:worker:{{}}:jobs",
             # Hash of what a worker's running jobs hold (cpus, memory), by worker name.
@@ -129,6 +142,15 @@ class Keys:
 
     def worker_usage(self, worker: str) -> str:
         return self._key("worker_usage", worker)
+
+    def worker_gang(self, worker: str) -> str:
+        return self._key("worker_gang", worker)
+
+    def worker_wake(self, worker: str) -> str:
+        return self._key("worker_wake", worker)
+
+    def held(self, worker: str) -> str:
+        return self._key("held", worker)
 
     def gpu(self, uuid: str) -> str:
         return self._key("gpu", uuid)

@@ -53,5 +53,6 @@ def _line(entry_id: bytes, fields: dict[bytes, bytes]) -> LogLine:
         stream=cast(Stream, fields[b"s"].decode()),
         text=fields[b"l"].decode("utf-8", "replace"),
         attempt=int(fields[b"a"]),
+        rank=int(fields[b"r"]) if b"r" in fields else None,
         time=datetime.fromtimestamp(millis / 1000, tz=timezone.utc),
     )

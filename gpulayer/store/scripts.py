@@ -19,6 +19,10 @@ from ..models import JobState
 from ..settings import Settings
 from .keys import Keys
 
+#: A gang job that fails to start this many times (a rank cannot be spawned, a worker vanishes before
+#: its part starts) fails; before that, it goes back to wait for workers.
+GANG_START_TRIES = 3
+
 _NAMES = (
     "submit",
     "claim",
@@ -30,6 +34,7 @@ _NAMES = (
     "requeue",
     "prune",
     "reap",
+    "gang",
 )
 
 
@@ -49,6 +54,9 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "QUEUES": keys.queues,
         "LEASES": keys.leases,
         "DELAYED": keys.delayed,
+        "GANGS": keys.gangs,
+        "GANG_WAKE": keys.gang_wake,
+        "GANG_START_TRIES": GANG_START_TRIES,
         "NEW_QUEUE": keys.new_queue,
         "PREFIX": keys.queue_name(""),
         "RQ_QUEUES": keys.rq_queues,

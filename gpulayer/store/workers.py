@@ -44,6 +44,8 @@ class WorkerStore:
                 state=raw.get(b"state", b"?").decode(),
                 birth=parse_timestamp(raw.get(b"birth")),
                 last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
+                heartbeat=float(raw.get(b"gl_heartbeat", 5.0)),
+                address=raw[b"gl_address"].decode() if b"gl_address" in raw else None,
                 running=int(running),
                 cpus_used=int(usage.get(b"cpus", 0)),
                 memory_used=int(usage.get(b"memory", 0)),

@@ -13,7 +13,6 @@ import os
 import selectors
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -42,9 +41,19 @@ from ..store.artifacts import (
 )
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
+from . import ranks
 from .executors import Executor, Key
 from .functions import FunctionRuntime
-from .process import JOB_ID_VARIABLE, JobProcesses, exit_notifier, has_exited, signal_group, signal_tree
+from .output import Line, Tracked
+from .process import (
+    JOB_ID_VARIABLE,
+    JobProcesses,
+    exit_notifier,
+    exit_status,
+    has_exited,
+    signal_group,
+    signal_tree,
+)
 
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
@@ -55,9 +64,9 @@ StopReason = Literal["cancel", "timeout", "requeue", "stale"]
 _TICK = 0.25
 #: Seconds between tries of a Redis call while Redis cannot be reached.
 _REDIS_RETRY = 0.5
-#: A cancelled job's processes get this long (s) after SIGTERM before SIGKILL.
+#: A cancelled job's processes (and the other ranks of a node where one failed) get this long (s)
+#: after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
-_READ = 65536
 #: After the job's command exits, its output is read for at most this long (s).
 _DRAIN = 2.0
 # Spool archives in memory up to this size, on disk beyond.
@@ -75,6 +84,8 @@ class Ending:
     #: A function's result or exception (its name in the outputs, and its signed pickle), stored
     #: with the end in one round trip.
     result: tuple[str, bytes] | None = None
+    #: A part of a gang job that could not start its ranks: the gang job goes back to wait.
+    unstarted: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +100,8 @@ class Context:
     lease_ttl: float
     #: None on a worker without the installation's secret: it cannot run function jobs.
     functions: FunctionRuntime | None = None
+    #: Where other machines reach this one: rank 0 of a gang job listens there.
+    address: str = "127.0.0.1"
 
 
 class JobRunner:
@@ -103,11 +116,14 @@ class JobRunner:
         self._processes = context.processes
         self._lease_ttl = context.lease_ttl
         self._functions = context.functions
+        self._address = context.address
         self._workdir = workdir
         self._base_env = base_env
         self._lock = threading.Lock()
         self._stop: StopReason | None = None
-        self._leader: int | None = None
+        self._leaders: list[int] = []
+        #: The first of several ranks that failed, and how (its exit status).
+        self._failed: tuple[int | None, int] | None = None
         self._deadline = 0.0
         #: Set once the job's work is done and only its end is being recorded: the worker's spread
         #: delay does not count it as busy (its caller may already be submitting the next job).
@@ -122,8 +138,8 @@ class JobRunner:
         with self._lock:
             if self._stop is None:
                 self._stop = reason
-            leader = self._leader
-        if leader is not None:
+            leaders = list(self._leaders)
+        for leader in leaders:
             signal_tree(leader, signal.SIGTERM)
 
     def run(self) -> None:
@@ -153,7 +169,10 @@ class JobRunner:
         read_call = (
             (lambda pipe: self._artifacts.queue_inputs(pipe, self.job_id)) if self.spec.function else None
         )
-        status, replies = self._persist(self._store.start, self.claim, read_call)
+        part = self.claim.part
+        # Node 0 of a gang job says where its rank 0 will listen as it starts.
+        master = f"{self._address}:{ranks.free_port()}" if part is not None and part.node == 0 else ""
+        status, replies = self._persist(self._store.start, self.claim, read_call, master)
         if status == "stale":
             log.warning(
                 "job %s: attempt %d is no longer this worker's; not starting it",
@@ -163,7 +182,8 @@ class JobRunner:
             return None
         if status == "cancel" or self._stop == "cancel":
             return Ending(JobState.CANCELLED, reason="cancelled")
-        env = {**self.spec.env, JOB_ID_VARIABLE: self.job_id, "GPULAYER_ATTEMPT": str(self.claim.attempt)}
+        attempt = str(self.claim.attempt)
+        env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, "GPULAYER_ATTEMPT": attempt}
         if self._functions is not None:
             # An idle executor may hold GPU memory this job is about to need.
             devices = set(filter(None, self._base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
@@ -173,23 +193,86 @@ class JobRunner:
             if call is None:
                 raise MissingArtifact(CALL)
             return self._call(env, call)
-        return self._command({**self._base_env, "PYTHONUNBUFFERED": "1", **env})
-
-    def _command(self, env: dict[str, str]) -> Ending | None:
+        env = {**self._base_env, "PYTHONUNBUFFERED": "1", **env}
+        if part is not None:
+            return self._ranks(env, master or self._wait_for_master())
         try:
             process = self._processes.spawn(self.spec.command, self._workdir, env)
         except OSError as exc:
             code, reason = _spawn_failure(self.spec.command[0], exc)
             self._system(reason)
             return Ending(JobState.FAILED, code, reason)
-        returncode = self._follow(process)
-        assert returncode is not None, "a command's process has no replies: it runs until it exits"
+        return self._command([Tracked(process)])
+
+    def _command(self, tracked: list[Tracked]) -> Ending | None:
+        """Follow the job's processes to their end, then upload its outputs (from node 0 only, for a
+        gang job): how the job ended."""
+        self._follow(tracked)
         self._clean_up()
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
-        outputs, too_large = self._upload_outputs()
-        return self._outcome(returncode, outputs, too_large)
+        part = self.claim.part
+        outputs, too_large = self._upload_outputs() if part is None or part.node == 0 else (None, None)
+        failing = next((one for one in tracked if one.returncode), None)
+        if self._failed is None:
+            if part is None or failing is None or self._stop is not None:
+                return self._outcome(tracked[0].returncode or 0, outputs, too_large)
+            self._failed = (failing.rank, failing.returncode or 0)
+        rank, status = self._failed
+        ending = self._outcome(status, outputs, too_large)
+        who = f"rank {rank}" if rank is not None else f"torchrun (node {part.node if part else 0})"
+        return dataclasses.replace(ending, reason=f"{who}: {ending.reason}")
+
+    def _wait_for_master(self) -> str:
+        """Where rank 0 listens, once node 0 has said it (polled: it is a matter of milliseconds when
+        all goes well); '' if it does not within :data:`ranks.GANG_START_TIMEOUT` or the job stops."""
+        deadline = time.monotonic() + ranks.GANG_START_TIMEOUT
+        pause = 0.002
+        while self._stop is None and time.monotonic() < deadline:
+            master = self._persist(self._store.master, self.claim)
+            if master:
+                return master
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        return ""
+
+    def _ranks(self, env: dict[str, str], master: str) -> Ending | None:
+        """Start this node's ranks (or torchrun) and follow them; any rank failing stops the others."""
+        part, gang = self.claim.part, self.spec.distributed
+        assert part is not None
+        assert gang is not None
+        if not master:
+            if self._stop is not None:
+                return self._outcome(0, None, None)
+            reason = f"rank 0 did not start within {ranks.GANG_START_TIMEOUT:g} s"
+            self._system(reason)
+            return Ending(JobState.FAILED, reason=reason, unstarted=True)
+        first = part.node * gang.procs_per_node
+        if gang.launcher == "torchrun":
+            argv = ranks.torchrun(gang, part.node, master, self.spec.command, self._workdir / ".torchrun")
+            plan: list[tuple[int | None, list[str], dict[str, str]]] = [(None, argv, env)]
+        else:
+            devices = [device for device in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if device]
+            plan = [
+                (rank, self.spec.command, {**env, **rank_env})
+                for rank, rank_env in ranks.direct(gang, part.node, master, devices, env)
+            ]
+        tracked: list[Tracked] = []
+        for rank, argv, rank_env in plan:
+            try:
+                process = self._processes.spawn(argv, self._workdir, rank_env, die_with_worker=True)
+            except OSError as exc:
+                for started in tracked:
+                    signal_tree(started.pid, signal.SIGKILL)
+                    self._processes.reap(started.process)
+                code, reason = _spawn_failure(argv[0], exc)
+                reason = f"rank {rank if rank is not None else first}: {reason}"
+                self._system(reason)
+                return Ending(JobState.FAILED, code, reason, unstarted=True)
+            base = first if rank is None else None
+            tracked.append(Tracked(process, rank=rank, torchrun_base=base))
+        return self._command(tracked)
 
     def _call(self, env: dict[str, str], call: bytes) -> Ending | None:
         """Run a function's call in an executor: a warm one for this code and these GPUs, or a new one."""
@@ -220,7 +303,8 @@ class JobRunner:
             return Ending(JobState.FAILED, reason=reason)
         with contextlib.suppress(BrokenPipeError):  # a dead executor shows as its exit, below
             executor.send({"env": env}, call)
-        returncode = self._follow(executor.process, executor.replies)
+        tracked = Tracked(executor.process)
+        returncode = tracked.returncode if self._follow([tracked], executor.replies) else None
         reply = None
         if returncode is None:
             try:
@@ -258,30 +342,32 @@ class JobRunner:
             return Ending(JobState.SUCCEEDED, 0, result=(RESULT, payload))
         return Ending(JobState.FAILED, 1, _one_line(header["error"]), result=(ERROR, payload))
 
-    def _follow(self, process: subprocess.Popen[bytes], replies: Connection | None = None) -> int | None:
-        """Pump the process's output until it exits (its return code) or replies (None)."""
+    def _follow(self, tracked: list[Tracked], replies: Connection | None = None) -> bool:
+        """Pump the processes' output until they exit (True; each has its return code) or, for an
+        executor, until it replies (False)."""
         with self._lock:
-            self._leader = process.pid
+            self._leaders = [one.pid for one in tracked]
             stop = self._stop
         if stop is not None:
             self.stop(stop)
         try:
-            return self._pump(process, replies)
+            return self._pump(tracked, replies)
         except BaseException:
             # The worker cannot follow the job any more (Redis gone, a bug): it must not run on unseen.
-            signal_tree(process.pid, signal.SIGKILL)
-            self._processes.reap(process)
+            for one in tracked:
+                signal_tree(one.pid, signal.SIGKILL)
+                self._processes.reap(one.process)
             raise
         finally:
-            # Its pid may be reused, or it serves the next job: a late stop must not reach it.
+            # Their pids may be reused, or an executor serves the next job: a late stop must not reach them.
             with self._lock:
-                self._leader = None
+                self._leaders = []
 
     def _clean_up(self, executor: Executor | None = None) -> None:
         """Kill what the job left running: under the executor that says it has children, and
         anywhere else it went."""
         strays = executor.kill_children() if executor is not None and executor.alive else 0
-        strays += self._processes.kill_strays(self.job_id)
+        strays += self._processes.kill_strays(self.claim.target)
         if strays:
             self._system(f"stopped {strays} process(es) the job left running")
 
@@ -298,126 +384,108 @@ class JobRunner:
         # From the start on every try, so a download cut short by Redis leaves nothing behind.
         archive.seek(0)
         archive.truncate()
-        self._artifacts.get_inputs(self.job_id, name, archive)
+        self._artifacts.get_inputs(self.claim.target, name, archive)
         archive.seek(0)
 
-    def _pump(self, process: subprocess.Popen[bytes], replies: Connection | None) -> int | None:
-        """Forward the process's output to the job's log until it and everything it started are gone
-        (returns its exit code), or, for an executor, until it replies (returns None; what it printed
-        before replying is read first)."""
-        assert process.stdout is not None
-        assert process.stderr is not None
-        pid = process.pid
-        selector = selectors.DefaultSelector()
-        for stream, name in ((process.stdout, "stdout"), (process.stderr, "stderr")):
-            selector.register(stream, selectors.EVENT_READ, name)
-        streams = 2
-        if replies is not None:
-            selector.register(replies.fileno(), selectors.EVENT_READ, "reply")
-        notifier = exit_notifier(pid)
-        if notifier is not None:
-            selector.register(notifier, selectors.EVENT_READ, "exit")
-        partial = {"stdout": b"", "stderr": b""}
+    def _pump(self, tracked: list[Tracked], replies: Connection | None) -> bool:
+        """Forward the processes' output to the job's log until they and everything they started are
+        gone (True), or, for an executor, until it replies (False; what it printed before replying is
+        read first). When one of several processes fails, the others are stopped."""
+        selector = _watch(tracked, replies)
+        cap = self._settings.log_line_max_bytes
         self._deadline = time.monotonic() + (self.spec.timeout or 0)
         kill_at: float | None = None
-        exited_at: float | None = None
         replied = False
         # Without a pidfd, exit is polled: quickly at first, so short jobs end promptly.
         poll = 0.001
         try:
-            while not replied and not (exited_at is not None and not streams):
-                wait = _TICK if notifier is not None or streams else poll
+            while not replied and not all(one.done for one in tracked):
+                polled = any(one.notifier is None and one.exited_at is None for one in tracked)
+                wait = poll if polled and not any(one.streams for one in tracked) else _TICK
                 poll = min(poll * 2, _TICK)
-                lines: list[tuple[str, str]] = []
+                lines: list[Line] = []
                 for key, _ in selector.select(wait):
-                    if key.data == "reply":
+                    one, what = key.data
+                    if what == "reply":
                         replied = True
-                    elif key.data == "exit":
-                        exited_at = time.monotonic()
+                    elif what == "exit":
                         selector.unregister(key.fileobj)
-                        # What the job left running in its group dies with it. The leader is a zombie
-                        # until reaped below, so its group id cannot have been reused.
-                        signal_group(pid, signal.SIGKILL)
-                    elif not self._read(key, partial, lines):
+                        self._exited(one, tracked)
+                    elif not one.read(key.fd, what, lines, cap):
                         selector.unregister(key.fileobj)
-                        streams -= 1
+                        one.streams -= 1
                 if replied:
-                    self._drain(selector, partial, lines)
+                    self._drain(selector, lines, cap)
                 if lines and not self._persist(self._store.append_logs, self.claim, lines):
                     self.stop("stale")
-                if notifier is None and exited_at is None and has_exited(pid):
-                    exited_at = time.monotonic()
-                    signal_group(pid, signal.SIGKILL)
-                if exited_at is not None and time.monotonic() - exited_at > _DRAIN:
-                    # Something that left the job's group still holds its output open; stop listening.
-                    streams = 0
-                kill_at = self._enforce(pid, kill_at)
+                for one in tracked:
+                    if one.notifier is None and one.exited_at is None and has_exited(one.pid):
+                        self._exited(one, tracked)
+                    if one.exited_at is not None and time.monotonic() - one.exited_at > _DRAIN:
+                        # Something that left the job's group still holds its output open; stop listening.
+                        one.streams = 0
+                kill_at = self._enforce(kill_at)
         finally:
             selector.close()
-            if notifier is not None:
-                os.close(notifier)
-            if not replied:
-                process.stdout.close()
-                process.stderr.close()
-        return None if replied else self._processes.reap(process)
+            for one in tracked:
+                if one.notifier is not None:
+                    os.close(one.notifier)
+                if not replied:
+                    assert one.process.stdout is not None
+                    assert one.process.stderr is not None
+                    one.process.stdout.close()
+                    one.process.stderr.close()
+        if replied:
+            return False
+        for one in tracked:
+            one.returncode = self._processes.reap(one.process)
+        return True
 
-    def _drain(
-        self, selector: selectors.BaseSelector, partial: dict[str, bytes], lines: list[tuple[str, str]]
-    ) -> None:
+    def _exited(self, one: Tracked, tracked: list[Tracked]) -> None:
+        """One process exited: what it left in its group dies with it (the leader is a zombie until
+        reaped, so its group id cannot have been reused); if it failed and others run beside it (the
+        ranks of a gang job), they are stopped."""
+        one.exited_at = time.monotonic()
+        signal_group(one.pid, signal.SIGKILL)
+        if len(tracked) == 1:
+            return
+        status = exit_status(one.pid)
+        if status and self._failed is None and self._stop is None:
+            self._failed = (one.rank, status)
+            for other in tracked:
+                if other.exited_at is None:
+                    signal_tree(other.pid, signal.SIGTERM)
+
+    def _drain(self, selector: selectors.BaseSelector, lines: list[Line], cap: int) -> None:
         """Read an executor's output up to now: it flushed before it replied, so all of it is there."""
         for key in list(selector.get_map().values()):
-            if key.data in partial:
-                while self._read(key, partial, lines, drain=True):
+            one, what = key.data
+            if what in ("stdout", "stderr"):
+                while one.read(key.fd, what, lines, cap, drain=True):
                     pass
-        lines.extend((stream, _text(rest)) for stream, rest in partial.items() if rest)
+                one.flush(lines, what)
 
-    def _read(
-        self,
-        key: selectors.SelectorKey,
-        partial: dict[str, bytes],
-        lines: list[tuple[str, str]],
-        drain: bool = False,
-    ) -> bool:
-        """Read what one stream has into ``lines``; False at its end (or, draining, once it is empty)."""
-        try:
-            chunk = os.read(key.fd, _READ)
-        except BlockingIOError:
-            return not drain
-        if chunk:
-            lines.extend(self._split(key.data, partial, chunk))
-            return True
-        if partial[key.data]:
-            lines.append((key.data, _text(partial[key.data])))
-            partial[key.data] = b""
-        return False
-
-    def _enforce(self, pid: int, kill_at: float | None) -> float | None:
+    def _enforce(self, kill_at: float | None) -> float | None:
         """Apply the timeout and any stop: SIGTERM first, SIGKILL once the grace has passed. Returns
         when SIGKILL is due (``inf`` once sent)."""
         now = time.monotonic()
         if self.spec.timeout and self._stop is None and now >= self._deadline:
             self._stop = "timeout"
             self._system(f"timed out after {self.spec.timeout:g} s: stopping the job's processes")
-            signal_tree(pid, signal.SIGTERM)
-        if self._stop is not None and kill_at is None:
-            kill_at = now + (CANCEL_GRACE if self._stop == "cancel" else self._settings.kill_grace_seconds)
+            self._signal_all(signal.SIGTERM)
+        if (self._stop is not None or self._failed is not None) and kill_at is None:
+            quick = self._stop in ("cancel", None)
+            kill_at = now + (CANCEL_GRACE if quick else self._settings.kill_grace_seconds)
         if kill_at is not None and now >= kill_at:
-            signal_tree(pid, signal.SIGKILL)
+            self._signal_all(signal.SIGKILL)
             kill_at = float("inf")
         return kill_at
 
-    def _split(self, stream: str, partial: dict[str, bytes], chunk: bytes) -> list[tuple[str, str]]:
-        *complete, rest = (partial[stream] + chunk).split(b"\n")
-        cap = self._settings.log_line_max_bytes
-        lines: list[tuple[str, str]] = []
-        for raw in complete:
-            line = raw.removesuffix(b"\r")
-            lines.extend((stream, _text(line[i : i + cap])) for i in range(0, max(len(line), 1), cap))
-        while len(rest) > cap:
-            lines.append((stream, _text(rest[:cap])))
-            rest = rest[cap:]
-        partial[stream] = rest
-        return lines
+    def _signal_all(self, sig: signal.Signals) -> None:
+        with self._lock:
+            leaders = list(self._leaders)
+        for leader in leaders:
+            signal_tree(leader, sig)
 
     def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
         if not self.spec.outputs:
@@ -462,7 +530,7 @@ class JobRunner:
         finished = self._persist(
             self._store.finish,
             self.claim,
-            state,
+            "unstarted" if ending.unstarted else state,
             exit_code=ending.exit_code,
             reason=reason,
             outputs=ending.outputs,
@@ -496,8 +564,11 @@ class JobRunner:
                 "job %s: attempt %d lost the job; its processes were stopped", self.job_id, self.claim.attempt
             )
 
-    def _system(self, text: str) -> None:
-        self._persist(self._store.append_logs, self.claim, [("system", text)])
+    def _system(self, line: str) -> None:
+        part = self.claim.part
+        if part is not None:
+            line = f"node {part.node} ({self._store.worker}): {line}"
+        self._persist(self._store.append_logs, self.claim, [("system", line, None)])
 
     def _persist(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A Redis call the job cannot do without, retried through a Redis outage for as long as the
@@ -516,15 +587,27 @@ class JobRunner:
                 time.sleep(_REDIS_RETRY)
 
 
+def _watch(tracked: list[Tracked], replies: Connection | None) -> selectors.BaseSelector:
+    """A selector on the processes' output, their exits (where there are pidfds) and the replies."""
+    selector = selectors.DefaultSelector()
+    for one in tracked:
+        assert one.process.stdout is not None
+        assert one.process.stderr is not None
+        selector.register(one.process.stdout, selectors.EVENT_READ, (one, "stdout"))
+        selector.register(one.process.stderr, selectors.EVENT_READ, (one, "stderr"))
+        one.notifier = exit_notifier(one.pid)
+        if one.notifier is not None:
+            selector.register(one.notifier, selectors.EVENT_READ, (one, "exit"))
+    if replies is not None:
+        selector.register(replies.fileno(), selectors.EVENT_READ, (None, "reply"))
+    return selector
+
+
 def _remove(folder: Path) -> None:
     try:
         folder.rmdir()  # the common case of a job that left nothing behind, at a fraction of rmtree's cost
     except OSError:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _text(raw: bytes) -> str:
-    return raw.decode("utf-8", "replace")
 
 
 def _one_line(text: str, limit: int = 500) -> str:

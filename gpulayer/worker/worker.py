@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import threading
 import time
 import uuid
@@ -43,10 +44,13 @@ from ..settings import Settings
 from ..signing import SECRET_FILE, load_secret
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
+from ..store.gangs import GangStore, Hold
 from ..store.keys import Keys
 from ..store.scripts import Scripts
+from ..store.workers import WorkerStore
 from .executors import ExecutorPool
 from .functions import CodeBundles, FunctionRuntime
+from .gangs import GangPlacer
 from .leases import LeaseKeeper
 from .listener import Listener
 from .process import JobProcesses, become_subreaper
@@ -74,6 +78,11 @@ REFRESH_INTERVAL = 5.0
 #: Woken by a submit while busy, a worker waits this long times how busy it is (0 to 1) before it
 #: claims, so a less busy worker that fits takes the job first (spread).
 SPREAD_DELAY = 0.05
+#: While gang jobs wait for workers, a worker tries to place them at most this often (s), besides
+#: when one is submitted and when one of its own jobs ends.
+PLACE_INTERVAL = 0.5
+#: A worker held for a gang job stays held this long (ms) unless the hold is renewed.
+HOLD_TTL_MS = 10_000
 
 
 class Worker(BaseWorker):
@@ -93,6 +102,7 @@ class Worker(BaseWorker):
         workdir: Path | None = None,
         lease_ttl: float = LEASE_TTL,
         heartbeat: float = HEARTBEAT_INTERVAL,
+        advertise_addr: str | None = None,
     ) -> None:
         self.keys = Keys(settings.prefix)
         if not 0 < heartbeat < lease_ttl:
@@ -121,7 +131,21 @@ class Worker(BaseWorker):
         self._next_refresh = 0.0
         self._listener: Listener | None = None
         self._submitted = False
-        self.store = ExecutionStore(connection, self.keys, Scripts(connection, self.keys, settings), name)
+        scripts = Scripts(connection, self.keys, settings)
+        self.store = ExecutionStore(connection, self.keys, scripts, name)
+        self._placer = GangPlacer(
+            GangStore(connection, self.keys, scripts),
+            WorkerStore(connection, self.keys),
+            hold=Hold(int(settings.gang_hold_after * 1000), HOLD_TTL_MS),
+            lease_ms=int(lease_ttl * 1000),
+        )
+        #: Gang jobs waiting for workers, as last seen; set to place them at the next turn of the loop.
+        self._gangs = 0
+        self._place_now = False
+        self._next_placement = 0.0
+        #: Set when a part of a gang job was placed on this worker: claim it even if full.
+        self._parts = False
+        self.address = advertise_addr or _address_towards(connection)
         self.artifacts = RedisArtifactStore(connection, self.keys)
         self._keeper: LeaseKeeper | None = None
         self.workdir = workdir or settings.home / "work" / name
@@ -134,7 +158,13 @@ class Worker(BaseWorker):
         self.capacity = slots + len(self.offer.gpus)
         processes = JobProcesses()
         self._context = Context(
-            self.store, self.artifacts, settings, processes, lease_ttl, self._functions(settings, processes)
+            self.store,
+            self.artifacts,
+            settings,
+            processes,
+            lease_ttl,
+            self._functions(settings, processes),
+            self.address,
         )
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
@@ -164,7 +194,11 @@ class Worker(BaseWorker):
     def serialize(self) -> dict[str, Any]:
         fields: dict[str, Any] = super().serialize()
         fields.update(
-            gl_incarnation=self.incarnation, gl_name=self.display_name, gl_offer=self.offer.model_dump_json()
+            gl_incarnation=self.incarnation,
+            gl_name=self.display_name,
+            gl_offer=self.offer.model_dump_json(),
+            gl_heartbeat=self.heartbeat_interval,
+            gl_address=self.address,
         )
         return fields
 
@@ -188,7 +222,7 @@ class Worker(BaseWorker):
         """RQ's command channel (stop-job, shutdown), the channel new queues are announced on, and
         the wake-up channel of each served queue (kept current by :meth:`_refresh_queues`)."""
         # A wake-up missed while subscribing counts as one: the spread delay applies to it too.
-        self._listener = Listener(self.connection, self._channels(), on_change=lambda: self._on_wake({}))
+        self._listener = Listener(self.connection, self._channels(), on_change=self._on_change)
         self._listener.start()
         self._keeper = LeaseKeeper(
             self.store,
@@ -219,6 +253,8 @@ class Worker(BaseWorker):
         channels: dict[str, Any] = {
             self.pubsub_channel_name: self.handle_payload,
             self.keys.new_queue: self._on_new_queue,
+            self.keys.gang_wake: self._on_gang,
+            self.keys.worker_wake(self.display_name): self._on_part,
         }
         channels.update({self.keys.wake(name): self._on_wake for name in self._served.names})
         return channels
@@ -274,19 +310,21 @@ class Worker(BaseWorker):
                     return claim, self.queue_class(claim.queue, connection=self.connection)
                 if time.monotonic() >= self._next_refresh:
                     self._refresh_queues()
+                if self._place_now or (self._gangs and time.monotonic() >= self._next_placement):
+                    self._place_gangs()
                 with self._lock:
                     running = len(self._runners)
                     busy = sum(not runner.ending for runner in self._runners.values())
                 free = self.capacity - running
-                if free > 0:
-                    if self._submitted and busy:
+                if free > 0 or self._parts:
+                    if self._submitted and busy and free > 0:
                         time.sleep(SPREAD_DELAY * busy / self.capacity)
-                    self._submitted = False
+                    self._submitted = self._parts = False
                     self._wake.clear()
                     offer = self.offer
-                    claims = self.store.claim(
+                    claims, self._gangs = self.store.claim(
                         self._served.claim_order(),
-                        free,
+                        max(free, 0),
                         offer.slots,
                         offer.memory,
                         int(self.lease_ttl * 1000),
@@ -298,8 +336,8 @@ class Worker(BaseWorker):
                     backoff = 1.0
                     if self._claimed:
                         continue
-                    if timeout is None:
-                        return None
+                    if timeout is None and free > 0:
+                        return None  # burst mode: the queues are empty
                 else:
                     # Full: nothing to claim until a runner ends, which wakes this loop again. A
                     # wake-up that came meanwhile (a submit) must not leave it spinning until then.
@@ -366,6 +404,8 @@ class Worker(BaseWorker):
         finally:
             with self._lock:
                 del self._runners[runner.job_id]
+            # What it held is free: a waiting gang job may fit now.
+            self._place_now = self._gangs > 0
             self._wake.set()
 
     # --- commands and shutdown ---------------------------------------------------------------------
@@ -389,6 +429,29 @@ class Worker(BaseWorker):
         if not held:
             self._submitted = True
             self._wake.set()
+
+    def _on_gang(self, message: dict[Any, Any]) -> None:
+        self._place_now = True
+        self._wake.set()
+
+    def _on_part(self, message: dict[Any, Any]) -> None:
+        self._parts = True
+        self._wake.set()
+
+    def _on_change(self) -> None:
+        # Messages may have been missed while (re)subscribing: act as if each kind had come.
+        self._parts = self._place_now = True
+        self._on_wake({})
+
+    def _place_gangs(self) -> None:
+        """Try to place the waiting gang jobs (on any workers, this one or not)."""
+        self._place_now = False
+        self._next_placement = time.monotonic() + PLACE_INTERVAL
+        try:
+            self._gangs = self._placer.place()
+        except redis.exceptions.ResponseError as exc:
+            # A record the script cannot read must not stop the worker; the next try may do better.
+            log.error("worker %s: placing gang jobs failed: %s", self.display_name, exc)
 
     def _on_new_queue(self, message: dict[Any, Any]) -> None:
         self._next_refresh = 0.0
@@ -437,6 +500,22 @@ class Worker(BaseWorker):
         if self._context.functions is not None:
             self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+def _address_towards(connection: Redis) -> str:
+    """This machine's address on the route to Redis: what other workers, which reach the same Redis,
+    most likely reach it at. (A UDP socket's connect sends nothing.)"""
+    kwargs = connection.connection_pool.connection_kwargs
+    host = kwargs.get("host")
+    if not host:  # a Unix socket: Redis, and so every worker, is on this machine
+        return "127.0.0.1"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(kwargs.get("port", 6379))))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def _read_spec(raw: bytes | None) -> JobSpec:

@@ -1,5 +1,6 @@
--- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, NEW_QUEUE,
--- PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES, RETENTION; see gpulayer/store/scripts.py) and then this
+-- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, GANGS,
+-- GANG_WAKE, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES, RETENTION; see
+-- gpulayer/store/scripts.py) and then this
 -- file before each script. Keys of jobs named only by id are built here with key(); the scripts run
 -- on one Redis, not a cluster. Times of leases and back-offs are Redis's own (TIME), never a client's.
 
@@ -36,8 +37,14 @@ local function owns(jobkey, worker, attempt)
   return (v[1] == 'scheduled' or v[1] == 'running') and v[2] == worker and v[3] == attempt
 end
 
-local function log_line(id, stream, attempt, text)
-  redis.call('xadd', key(K.logs, id), 'MAXLEN', LOG_MAX_LINES, '*', 's', stream, 'a', attempt, 'l', text)
+-- A line of a job's log; ``rank``, for a line of one rank of a gang job, is its global rank.
+local function log_line(id, stream, attempt, text, rank)
+  if rank and rank ~= '' then
+    redis.call('xadd', key(K.logs, id), 'MAXLEN', LOG_MAX_LINES, '*', 's', stream, 'a', attempt, 'l', text,
+      'r', rank)
+  else
+    redis.call('xadd', key(K.logs, id), 'MAXLEN', LOG_MAX_LINES, '*', 's', stream, 'a', attempt, 'l', text)
+  end
 end
 
 -- Adds how the current attempt ended to the job's history (gl_attempts, a JSON list).
@@ -88,9 +95,21 @@ local function detach(id, jobkey)
   release(id, jobkey)
 end
 
+-- Puts a queued job where workers take it from, and wakes them: a gang job (gl_nodes) among the
+-- waiting gangs, in the order of its creation; any other at the front of its queue.
+local function enqueue(id, jobkey)
+  local v = redis.call('hmget', jobkey, 'origin', 'gl_nodes')
+  if v[2] then
+    redis.call('zadd', GANGS, redis.call('zscore', JOBS, id) or 0, id)
+    redis.call('publish', GANG_WAKE, id)
+  else
+    redis.call('lpush', key(K.queue, v[1]), id)
+    redis.call('publish', key(K.wake, v[1]), id)
+  end
+end
+
 -- Puts a detached job back in its queue: at its front now, or once a back-off has passed (DELAYED).
 local function back_to_queue(id, jobkey, delay_ms)
-  local origin = redis.call('hget', jobkey, 'origin')
   set_state(id, jobkey, 'queued')
   redis.call('hset', jobkey, 'worker_name', '', 'started_at', '')
   redis.call('hdel', jobkey, 'gl_exit_code', 'gl_reason', 'gl_cancel')
@@ -99,8 +118,7 @@ local function back_to_queue(id, jobkey, delay_ms)
     redis.call('zadd', DELAYED, at, id)
     redis.call('hset', jobkey, 'gl_retry_at', at)
   else
-    redis.call('lpush', key(K.queue, origin), id)
-    redis.call('publish', key(K.wake, origin), id)
+    enqueue(id, jobkey)
   end
 end
 
@@ -128,6 +146,7 @@ local function end_job(id, jobkey, state, ended_at)
   end
   detach(id, jobkey)
   redis.call('zrem', DELAYED, id)
+  redis.call('zrem', GANGS, id)
   set_state(id, jobkey, state)
   redis.call('hset', jobkey, 'ended_at', ended_at)
   redis.call('zadd', key(K[RQ_STATUS[state]], v[1]), math.floor(now_ms() / 1000) + retention, id)
@@ -140,10 +159,121 @@ local function end_job(id, jobkey, state, ended_at)
   end
 end
 
+-- Asks the worker of every part of a gang job still scheduled or running to stop it (all but ``except``).
+local function stop_parts(jobkey, except)
+  for _, part in ipairs(cjson.decode(redis.call('hget', jobkey, 'gl_parts') or '[]')) do
+    local partkey = key(K.job, part.id)
+    local v = redis.call('hmget', partkey, 'gl_state', 'worker_name')
+    if part.id ~= except and (v[1] == 'scheduled' or v[1] == 'running') then
+      redis.call('hset', partkey, 'gl_cancel', '1')
+      redis.call('publish', key(K.pubsub, v[2]), cjson.encode({command = 'stop-job', job_id = part.id}))
+    end
+  end
+end
+
+-- Once every part of a gang job has ended, how the job ends: cancelled (if asked); back to wait
+-- for workers if it never got going (a part could not start, its worker vanished first, or it was
+-- given back); a lost worker (retried as one); the first part that failed (retried on a non-zero
+-- exit as the job allows); or succeeded.
+local function gang_ends(id, jobkey, now_text)
+  local v = redis.call('hmget', jobkey, 'gl_cancel', 'gl_failure', 'started_at', 'gl_attempt')
+  local failure = v[2] and cjson.decode(v[2])
+  local function finish(state, outcome, exit_code, reason)
+    record_attempt(jobkey, outcome, exit_code, reason, now_text)
+    if exit_code then
+      redis.call('hset', jobkey, 'gl_exit_code', exit_code)
+    end
+    if reason then
+      redis.call('hset', jobkey, 'gl_reason', reason)
+    end
+    end_job(id, jobkey, state, now_text)
+  end
+  if v[1] == '1' or (failure and failure.outcome == 'cancelled') then
+    return finish('cancelled', 'cancelled', nil, 'cancelled')
+  end
+  if not failure then
+    return finish('succeeded', 'succeeded', 0, nil)
+  end
+  local lost = redis.call('hget', jobkey, 'gl_lost')
+  local started = v[3] and v[3] ~= ''
+  if failure.outcome == 'returned' or failure.outcome == 'unstarted' or (lost and not started) then
+    local reason = lost and not started and lost or failure.reason
+    local tries = failure.outcome == 'returned' and 0 or redis.call('hincrby', jobkey, 'gl_start_failures', 1)
+    if tries >= GANG_START_TRIES then
+      return finish('failed', 'failed', nil, 'could not start ' .. tries .. ' times: ' .. reason)
+    end
+    record_attempt(jobkey, failure.outcome == 'returned' and 'returned' or 'unstarted', nil, reason, now_text)
+    log_line(id, 'system', v[4], 'the job goes back to wait for workers: ' .. reason)
+    detach(id, jobkey)
+    return back_to_queue(id, jobkey, 0)
+  end
+  if lost then
+    record_attempt(jobkey, 'lost', nil, lost, now_text)
+    local delay = use_retry(jobkey, 'lost')
+    if delay then
+      detach(id, jobkey)
+      return back_to_queue(id, jobkey, delay)
+    end
+    redis.call('hset', jobkey, 'gl_reason', 'worker lost: ' .. lost)
+    return end_job(id, jobkey, 'failed', now_text)
+  end
+  local code = tonumber(failure.exit_code)
+  if failure.outcome == 'failed' and code and code ~= 0 then
+    local delay = use_retry(jobkey, 'exit')
+    if delay then
+      record_attempt(jobkey, 'failed', code, failure.reason, now_text)
+      log_line(id, 'system', v[4], failure.reason .. '; retrying in ' .. (delay / 1000) .. ' s')
+      detach(id, jobkey)
+      return back_to_queue(id, jobkey, delay)
+    end
+  end
+  return finish(failure.outcome, failure.outcome, code, failure.reason)
+end
+
+-- One part of a gang job (one worker's ranks) ended: 'succeeded', 'failed', 'timed_out',
+-- 'cancelled', 'lost', 'returned' or 'unstarted'. Its worker's resources are free at once. The first
+-- part that did not succeed stops all the others (fail-fast); the last part to end ends the job.
+local function part_ends(part, partkey, outcome, exit_code, reason, now_text)
+  local v = redis.call('hmget', partkey, 'gl_parent', 'gl_attempt', 'worker_name')
+  detach(part, partkey)
+  redis.call('hset', partkey, 'gl_state', outcome)
+  redis.call('expire', partkey, RETENTION)
+  local id = v[1]
+  local jobkey = key(K.job, id)
+  local p = redis.call('hmget', jobkey, 'gl_state', 'gl_attempt')
+  if (p[1] ~= 'scheduled' and p[1] ~= 'running') or p[2] ~= v[2] then
+    return
+  end
+  if outcome ~= 'succeeded' then
+    local where = reason and reason ~= '' and reason or outcome
+    if outcome == 'lost' or outcome == 'returned' then
+      -- Said by the reaper or a worker's restart or shutdown, not by the part's runner.
+      log_line(id, 'system', v[2], where)
+    else
+      where = where .. ' on ' .. display(v[3])
+    end
+    if outcome == 'lost' and not redis.call('hget', jobkey, 'gl_lost') then
+      redis.call('hset', jobkey, 'gl_lost', where)
+    end
+    if not redis.call('hget', jobkey, 'gl_failure') then
+      local failure = {outcome = outcome, exit_code = tonumber(exit_code) or cjson.null, reason = where}
+      redis.call('hset', jobkey, 'gl_failure', cjson.encode(failure))
+      stop_parts(jobkey, part)
+    end
+  end
+  if redis.call('hincrby', jobkey, 'gl_left', -1) <= 0 then
+    gang_ends(id, jobkey, now_text)
+  end
+end
+
 -- A job whose worker is gone (its lease expired, or the worker restarted under its name): run again
 -- if it has a retry left for a lost worker, else failed with reason "worker lost". Returns what
--- became of it: 'requeued', 'failed' or 'cancelled'.
+-- became of it: 'requeued', 'failed' or 'cancelled' ('part' for a part of a gang job).
 local function lose(id, jobkey, reason, now_text)
+  if redis.call('hexists', jobkey, 'gl_parent') == 1 then
+    part_ends(id, jobkey, 'lost', nil, reason, now_text)
+    return 'part'
+  end
   local attempt = redis.call('hget', jobkey, 'gl_attempt')
   record_attempt(jobkey, 'lost', nil, reason, now_text)
   log_line(id, 'system', attempt, reason)

@@ -1,21 +1,39 @@
 -- claim.lua: take up to N queued jobs from a worker's queues, in the order given, in one atomic step:
 -- each job is popped from its queue, gets the GPUs, CPU slots and memory it needs on this worker, and
 -- is recorded as scheduled there, together, so no crash loses a job and no two jobs hold one GPU.
+-- Before any queue, it takes the parts of gang jobs placed on this worker (gang.lua reserved what they
+-- hold); while the worker is held for a waiting gang job, it takes nothing from its queues.
 -- KEYS[1] rq:suspended   KEYS[2] the worker's set of jobs   KEYS[3] the worker's usage hash
+-- KEYS[4] the worker's list of placed gang parts   KEYS[5] the worker's hold
 -- ARGV[1] N   ARGV[2] worker (RQ name)   ARGV[3] now (RQ timestamp)   ARGV[4] CPU slots   ARGV[5] memory
 -- ARGV[6] lease (ms): each claimed job's lease, renewed by the worker's heartbeats
 -- ARGV[7..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
 --           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
--- Returns a flat list: id, attempt, spec JSON, queue name, GPU indices ("0,2"), for each claimed job.
+-- Returns the number of gang jobs waiting for workers, then, for each claimed job: id, attempt, spec
+-- JSON, queue name, GPU indices ("0,2"), and, for a gang part, "gang job id:node" (else '').
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or not queued are dropped.
+local out = {redis.call('zcard', GANGS)}
+for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
+  local v = redis.call('hmget', key(K.job, id), 'gl_state', 'worker_name', 'gl_attempt', 'gl_spec', 'origin',
+    'gl_gpus', 'gl_parent', 'gl_node')
+  if v[1] == 'scheduled' and v[2] == ARGV[2] then
+    out[#out + 1] = id
+    for i = 3, 6 do
+      out[#out + 1] = v[i]
+    end
+    out[#out + 1] = v[7] .. ':' .. v[8]
+  end
+end
+if redis.call('exists', KEYS[5]) == 1 then
+  return out
+end
 if redis.call('exists', KEYS[1]) == 1 then
-  return {}
+  return out
 end
 local want = tonumber(ARGV[1])
 local used = redis.call('hmget', KEYS[3], 'cpus', 'memory')
 local cpus_used, memory_used = tonumber(used[1]) or 0, tonumber(used[2]) or 0
 local cpus_total, memory_total = tonumber(ARGV[4]), tonumber(ARGV[5])
-local out = {}
 local lease_until = now_ms() + tonumber(ARGV[6])
 for q = 7, #ARGV, 5 do
   local queue = ARGV[q]
@@ -62,6 +80,7 @@ for q = 7, #ARGV, 5 do
       out[#out + 1] = redis.call('hget', jobkey, 'gl_spec')
       out[#out + 1] = queue
       out[#out + 1] = indices
+      out[#out + 1] = ''
       want = want - 1
     end
   end

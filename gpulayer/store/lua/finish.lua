@@ -3,8 +3,9 @@
 -- left for it (retry_on exit or both) puts the job back in its queue after its back-off; anything
 -- else ends the job.
 -- KEYS[1] the job's hash   KEYS[2] the worker's RQ hash   KEYS[3] the attempt's staged outputs
--- KEYS[4] the job's outputs
--- ARGV[1] job id   ARGV[2] worker (RQ name)   ARGV[3] attempt   ARGV[4] state   ARGV[5] exit code or ''
+-- KEYS[4] the job's outputs (for node 0 of a gang job, the gang job's)
+-- ARGV[1] job id   ARGV[2] worker (RQ name)   ARGV[3] attempt   ARGV[4] state (for a part of a gang job,
+-- also 'unstarted': it could not start its ranks)   ARGV[5] exit code or ''
 -- ARGV[6] reason or ''   ARGV[7] now (RQ timestamp)   ARGV[8] outputs summary JSON or ''   ARGV[9] seconds run
 -- Returns 1 when the job ended, 2 when it will run again, 0 when this attempt lost the job (nothing
 -- is written).
@@ -14,12 +15,21 @@ end
 if redis.call('exists', KEYS[3]) == 1 then
   redis.call('rename', KEYS[3], KEYS[4])
 end
-record_attempt(KEYS[1], ARGV[4], ARGV[5], ARGV[6] ~= '' and ARGV[6] or nil, ARGV[7])
 if redis.call('exists', KEYS[2]) == 1 then
   local counter = ARGV[4] == 'succeeded' and 'successful_job_count' or 'failed_job_count'
   redis.call('hincrby', KEYS[2], counter, 1)
   redis.call('hincrbyfloat', KEYS[2], 'total_working_time', ARGV[9])
 end
+local parent = redis.call('hget', KEYS[1], 'gl_parent')
+if parent then
+  -- A part of a gang job: what node 0 uploaded is the gang job's outputs; the gang decides the rest.
+  if ARGV[8] ~= '' then
+    redis.call('hset', key(K.job, parent), 'gl_outputs', ARGV[8])
+  end
+  part_ends(ARGV[1], KEYS[1], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  return 1
+end
+record_attempt(KEYS[1], ARGV[4], ARGV[5], ARGV[6] ~= '' and ARGV[6] or nil, ARGV[7])
 if ARGV[4] == 'failed' and ARGV[5] ~= '' and ARGV[5] ~= '0' then
   local delay = use_retry(KEYS[1], 'exit')
   if delay then

@@ -18,10 +18,8 @@ for _, id in ipairs(redis.call('zrangebyscore', DELAYED, '-inf', now, 'LIMIT', 0
   local jobkey = key(K.job, id)
   redis.call('zrem', DELAYED, id)
   if redis.call('hget', jobkey, 'gl_state') == 'queued' then
-    local origin = redis.call('hget', jobkey, 'origin')
     redis.call('hdel', jobkey, 'gl_retry_at')
-    redis.call('lpush', key(K.queue, origin), id)
-    redis.call('publish', key(K.wake, origin), id)
+    enqueue(id, jobkey)
   end
   handled = handled + 1
 end

@@ -1,7 +1,8 @@
 -- requeue.lua: take jobs off a worker. 'lost' (the worker restarted under its name, so its previous
 -- process is gone): each runs again if it has a retry left for a lost worker, else fails. 'returned'
 -- (a cold shutdown gives them back on purpose): each goes to the front of its queue, no retry used.
--- A job whose cancel was requested ends cancelled instead.
+-- A job whose cancel was requested ends cancelled instead. A part of a gang job takes the whole gang
+-- job with it: back to wait for workers.
 -- KEYS[1] the worker's set of jobs
 -- ARGV[1] worker (RQ name)   ARGV[2] 'lost' or 'returned'   ARGV[3] line for each job's log and history
 -- ARGV[4] now (RQ timestamp)   ARGV[5..] job ids; none means every job in the set
@@ -17,6 +18,8 @@ for _, id in ipairs(ids) do
   if (v[1] == 'scheduled' or v[1] == 'running') and v[2] == ARGV[1] then
     if ARGV[2] == 'lost' then
       lose(id, jobkey, ARGV[3], ARGV[4])
+    elseif redis.call('hexists', jobkey, 'gl_parent') == 1 then
+      part_ends(id, jobkey, 'returned', nil, ARGV[3], ARGV[4])
     else
       record_attempt(jobkey, 'returned', nil, ARGV[3], ARGV[4])
       log_line(id, 'system', v[3], ARGV[3])

@@ -1,4 +1,4 @@
--- submit.lua: create a job and queue it; or, for an idempotency key already used by a live job,
+-- submit.lua: create a job and queue it (a gang job: among the waiting gangs); or, for an idempotency key already used by a live job,
 -- return that job instead; or do nothing if the id is taken.
 -- KEYS[1] the job's hash   KEYS[2] its queue   KEYS[3] its input files as staged by this submit (with a
 -- TTL)   KEYS[4] its input files (kept from now on)
@@ -24,12 +24,18 @@ if ARGV[5] ~= '' then
 end
 redis.call('zadd', JOBS, ARGV[2], ARGV[1])
 set_state(ARGV[1], KEYS[1], 'queued')
-redis.call('rpush', KEYS[2], ARGV[1])
-redis.call('sadd', RQ_QUEUES, KEYS[2])
 if redis.call('exists', KEYS[3]) == 1 then
   redis.call('rename', KEYS[3], KEYS[4])
   redis.call('persist', KEYS[4])
 end
+if redis.call('hexists', KEYS[1], 'gl_nodes') == 1 then
+  -- A gang job waits for workers to place it (gang.lua), not in a queue.
+  redis.call('zadd', GANGS, ARGV[2], ARGV[1])
+  redis.call('publish', GANG_WAKE, ARGV[1])
+  return {1, ARGV[1]}
+end
+redis.call('rpush', KEYS[2], ARGV[1])
+redis.call('sadd', RQ_QUEUES, KEYS[2])
 if redis.call('hsetnx', QUEUES, ARGV[3], ARGV[4]) == 1 then
   redis.call('publish', NEW_QUEUE, ARGV[3])
 end

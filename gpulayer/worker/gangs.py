@@ -1,0 +1,81 @@
+"""Placing gang jobs: any worker may place any waiting gang job on the workers that fit it now.
+
+Placement itself is one script (gang.lua), all or nothing; what happens here is choosing, for each
+waiting gang job, the live workers that could ever hold one of its nodes, least busy first. Several
+workers may try the same job at once: the script places it once, and the others find it gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+from ..inventory import WorkerInfo
+from ..placement import candidates
+from ..store.gangs import Candidate, GangStore, Hold, Waiting
+from ..store.workers import WorkerStore
+
+log = logging.getLogger("gpulayer.worker")
+#: A worker whose last heartbeat is older than this many of its heartbeat intervals is not given a node.
+_SILENT_BEATS = 3
+
+
+class GangPlacer:
+    def __init__(self, gangs: GangStore, workers: WorkerStore, *, hold: Hold, lease_ms: int) -> None:
+        self._gangs = gangs
+        self._workers = workers
+        self._hold = hold
+        self._lease_ms = lease_ms
+
+    def place(self) -> int:
+        """Try every waiting gang job, oldest first; returns how many still wait."""
+        waiting = self._gangs.waiting()
+        if not waiting:
+            return 0
+        live = self._live(self._workers.list())
+        holder = True  # only the oldest gang job that some set of workers could hold may hold them
+        left = 0
+        for job in waiting:
+            offered = self._candidates(job, live)
+            nodes = job.spec.distributed.nodes if job.spec.distributed else 1
+            if len(offered) < nodes:
+                # No set of connected workers could ever hold it: it holds nothing, blocks nobody.
+                left += 1
+                continue
+            outcome, workers = self._gangs.place(
+                job, offered, may_hold=holder, hold=self._hold, lease_ms=self._lease_ms
+            )
+            holder = False
+            if outcome == "placed":
+                log.info("gang job %s: placed on %s", job.job_id, ", ".join(workers))
+            elif outcome != "gone":
+                left += 1
+        return left
+
+    @staticmethod
+    def _live(workers: list[WorkerInfo]) -> list[WorkerInfo]:
+        """The workers heard from lately: a node given to one that died would only hold the job up."""
+        now = datetime.now(timezone.utc)
+        return [
+            worker
+            for worker in workers
+            if worker.last_heartbeat is not None
+            and (now - worker.last_heartbeat).total_seconds() <= worker.heartbeat * _SILENT_BEATS
+        ]
+
+    @staticmethod
+    def _candidates(job: Waiting, workers: list[WorkerInfo]) -> list[Candidate]:
+        by_name = {worker.name: worker for worker in workers}
+        offered = []
+        for fit in candidates(job.spec.requirements, workers):
+            if fit.status == "never":
+                continue
+            worker = by_name[fit.worker]
+            # Smallest sufficient GPUs first, so the big ones stay free for the jobs that need them.
+            eligible = sorted(fit.eligible, key=lambda gpu: (gpu.memory_total, gpu.index))
+            offered.append(
+                Candidate(
+                    worker.name, worker.slots, worker.memory, tuple((g.uuid, g.index) for g in eligible)
+                )
+            )
+        return offered
