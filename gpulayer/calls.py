@@ -27,8 +27,19 @@ from .errors import (
     RemoteError,
     WorkerLost,
 )
-from .models import FunctionSpec, JobRecord, JobSpec, JobState, RetryOn, build_spec
+from .models import (
+    Distributed,
+    FunctionSpec,
+    JobRecord,
+    JobSpec,
+    JobState,
+    Launcher,
+    RetryOn,
+    build_spec,
+    validated,
+)
 from .payloads import CALL, ERROR, RESULT, pack, pickle_function, unpack
+from .requirements import Requirements
 from .settings import Settings
 from .signing import Signer, signer
 from .store.artifacts import RedisArtifactStore, small_files
@@ -64,6 +75,10 @@ class CallOptions:
     fresh_process: bool = False
     #: The folder shipped with the code (default: the running script's folder, else the current one).
     source: Path | None = None
+    #: Each call as a gang job: every rank calls the function; the value is rank 0's.
+    nodes: int | None = None
+    procs_per_node: int | None = None
+    launcher: Launcher | None = None
 
 
 class Calls:
@@ -114,10 +129,12 @@ class Calls:
         self._ship(bundle)
         name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
         retry = {"retries": options.retries, "retry_on": options.retry_on, "retry_delay": options.retry_delay}
+        needs = validated(Requirements, options.requirements)
         return build_spec(
             command=[name],
             function=FunctionSpec(name=name, bundle=bundle.digest, fresh_process=options.fresh_process),
-            requirements=options.requirements,
+            requirements=needs,
+            distributed=Distributed.of(needs, options.nodes, options.procs_per_node, options.launcher),
             timeout=options.timeout,
             priority=options.priority,
             **{field: value for field, value in retry.items() if value is not None},

@@ -24,7 +24,7 @@ from .errors import (
 )
 from .home import resolve_redis_url
 from .inventory import WorkerInfo
-from .models import JobRecord, JobState, Launcher, LogLine, RetryOn, build_spec, validated
+from .models import Distributed, JobRecord, JobState, Launcher, LogLine, RetryOn, build_spec, validated
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
@@ -121,12 +121,6 @@ class Client:
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
         needs = validated(Requirements, requirements)
-        gang = None
-        if nodes is not None or procs_per_node is not None or launcher is not None:
-            per_node = procs_per_node or (
-                needs.gpus if needs.accelerator in ("cuda", "any") and needs.gpus else 1
-            )
-            gang = {"nodes": nodes or 1, "procs_per_node": per_node, "launcher": launcher or "direct"}
         spec = build_spec(
             command=argv,
             env=dict(env or {}),
@@ -136,7 +130,7 @@ class Client:
             source=source_files is not None,
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
             requirements=needs,
-            distributed=gang,
+            distributed=Distributed.of(needs, nodes, procs_per_node, launcher),
             priority=priority,
             **{
                 field: value

@@ -22,7 +22,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from .calls import CallOptions
 from .client import Client, Job
 from .errors import InvalidJobSpec
-from .models import JobRecord, LogLine, RetryOn, validated
+from .models import JobRecord, Launcher, LogLine, RetryOn, validated
 from .requirements import Requirements
 
 P = ParamSpec("P")
@@ -172,6 +172,9 @@ def remote(
     priority: int = 0,
     fresh_process: bool = False,
     source: str | Path | None = None,
+    nodes: int | None = None,
+    procs_per_node: int | None = None,
+    launcher: Launcher | None = None,
     client: Client | None = None,
 ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
 
@@ -182,7 +185,9 @@ def remote(function: Callable[..., Any] | None = None, /, **options: Any) -> Any
     ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks`` as ``{"torch": ">=2.1"}`` or
     ``["torch>=2.1"]``, ``cpus``, ``memory``, ``labels``) and how calls run (``timeout``,
     ``retries``, ``retry_on``, ``retry_delay``, ``priority``, ``fresh_process``, ``source``: the
-    folder shipped with the code, ``client``). Bad options raise :class:`InvalidJobSpec` here."""
+    folder shipped with the code, ``client``). ``nodes``, ``procs_per_node`` and ``launcher`` make
+    each call a gang job: every rank calls the function, and the value is rank 0's (see
+    docs/distributed.md). Bad options raise :class:`InvalidJobSpec` here."""
     call_options, client = _options(
         CallOptions(), {key: value for key, value in options.items() if value is not None}
     )

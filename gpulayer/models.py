@@ -101,6 +101,26 @@ class Distributed(BaseModel):
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
+    @classmethod
+    def of(
+        cls,
+        requirements: Requirements,
+        nodes: int | None,
+        procs_per_node: int | None,
+        launcher: Launcher | None,
+    ) -> Distributed | None:
+        """The gang these options ask for, or None when they ask for none; ``procs_per_node``
+        defaults to the GPUs per node of a job that asks for GPUs, else 1."""
+        if nodes is None and procs_per_node is None and launcher is None:
+            return None
+        gpus = requirements.gpus if requirements.accelerator in ("cuda", "any") else 0
+        fields = {
+            "nodes": nodes or 1,
+            "procs_per_node": procs_per_node or gpus or 1,
+            "launcher": launcher or "direct",
+        }
+        return validated(cls, fields)
+
 
 class JobSpec(BaseModel):
     """What a job asks for: a command, or a call of a remote function. Stored with the job; the worker
@@ -168,8 +188,6 @@ class JobSpec(BaseModel):
     def _function_has_no_files(self) -> JobSpec:
         if self.function and (self.source or self.inputs or self.outputs):
             raise ValueError("a function's job carries its code and arguments: no source, inputs or outputs")
-        if self.function and self.distributed:
-            raise ValueError("a remote function runs as one process; use a command for a distributed job")
         return self
 
     @field_validator("name")

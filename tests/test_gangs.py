@@ -10,18 +10,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cloudpickle
 import psutil
 import pytest
 import redis
 from click.testing import Result
 
+import gpulayer as gl
 from gpulayer import Client, DistributedJob, JobState, Unschedulable
+from gpulayer.signing import ensure_secret
 from gpulayer.store.execution import ExecutionStore, QueueOffer
 from gpulayer.store.gangs import Candidate, GangStore, Hold, Waiting
 from gpulayer.store.jobs import parse_spec
 from gpulayer.store.keys import Keys
 from gpulayer.store.scripts import Scripts
 from tests.conftest import Workers, kill_machine, wait_for
+
+# The functions below travel by value, as a script's do, so workers need not import the test suite.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 GiB = 2**30
 #: Short leases, so a lost worker shows within seconds.
@@ -372,7 +378,13 @@ def test_a_worker_killed_mid_job_takes_its_ranks_with_it_and_the_gang_runs_again
     first_try = {p.name: int(p.read_text()) for p in pids.iterdir()}
     doomed_rank = next(part.node for part in job.status().parts if part.worker == "doomed")
     os.kill(doomed.pid, signal.SIGKILL)  # the worker alone: its rank must not run on unsupervised
+    killed = time.monotonic()
     wait_for(lambda: not _running(first_try[f"1-{doomed_rank}"]), timeout=5, what="the rank to die with it")
+    # The other machine's rank is stopped once the dead worker's lease (1.5 s) has run out.
+    wait_for(
+        lambda: not _running(first_try[f"1-{1 - doomed_rank}"]), timeout=10, what="the other rank to stop"
+    )
+    assert time.monotonic() - killed < 1.5 + 3
     workers.start("spare", 1, *FAST)
     record = job.wait(60)
     assert (record.state, record.attempt) == (JobState.SUCCEEDED, 2)
@@ -428,3 +440,93 @@ def test_a_garbled_gang_job_record_is_never_placed_and_the_worker_goes_on(
         "w1": (5.0, "127.0.0.1"),
         "w2": (5.0, "127.0.0.1"),
     }
+
+
+# --- remote functions as gang jobs ------------------------------------------------------------------
+
+
+class RankError(Exception):
+    """An exception of the caller's own, raised by one rank."""
+
+
+def all_reduce() -> dict[str, float]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return {"rank": rank, "sum": total.item()}
+
+
+def fail_on(bad: int) -> str:
+    if os.environ["RANK"] == str(bad):
+        raise RankError(f"rank {bad} gives up")
+    time.sleep(60)
+    return "never"
+
+
+@pytest.fixture
+def remote_gang(client: Client, home: Path, tmp_path: Path, workers: Workers) -> Workers:
+    ensure_secret(home)
+    (tmp_path / "project").mkdir()
+    workers.start("fa", 2)
+    workers.start("fb", 2)
+    return workers
+
+
+def test_a_remote_function_runs_on_every_rank_and_returns_rank_zeros_value(
+    client: Client, remote_gang: Workers, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    function = gl.remote(all_reduce, nodes=2, procs_per_node=2, client=client, source=tmp_path / "project")
+    assert function.remote().result(120) == {"rank": 0, "sum": 10.0}
+
+
+def test_a_remote_function_that_raises_on_one_rank_raises_it_here_and_stops_the_rest(
+    client: Client, remote_gang: Workers, tmp_path: Path
+) -> None:
+    function = gl.remote(
+        fail_on, nodes=2, procs_per_node=2, retries=0, client=client, source=tmp_path / "project"
+    )
+    handle = function.remote(3)
+    with pytest.raises(RankError, match="rank 3 gives up"):
+        handle.result(60)
+    record = handle.status()
+    assert record.state is JobState.FAILED
+    assert record.reason is not None
+    assert record.reason.startswith("rank 3: RankError: rank 3 gives up on f")
+    assert all(worker.running == 0 for worker in client.workers())
+
+
+def env_rank() -> str:
+    return os.environ["RANK"] + "/" + os.environ["WORLD_SIZE"]
+
+
+def test_a_distributed_job_of_a_function_returns_rank_zeros_value(
+    client: Client, remote_gang: Workers, tmp_path: Path
+) -> None:
+    job = DistributedJob(env_rank, nodes=2, procs_per_node=2, source=tmp_path / "project").submit(client)
+    assert gl.FunctionHandle(job).result(60) == "0/4"
+    assert len(job.status().parts) == 2
+
+
+def test_a_worker_that_vanishes_between_placement_and_start_sends_the_job_back_to_wait(
+    client: Client, workers: Workers
+) -> None:
+    workers.start("on", 1, *FAST)
+    frozen = workers.start("frozen", 1, *FAST)
+    os.kill(frozen.pid, signal.SIGSTOP)  # still counted as live for a moment, but it claims nothing
+    try:
+        job = client.submit(["true"], nodes=2, retries=0)
+        wait_for(lambda: job.status().attempts, what="the first attempt to end")
+        first = job.status().attempts[0]
+        assert (first.outcome, first.reason) == ("unstarted", "worker frozen stopped renewing its lease")
+    finally:
+        os.kill(frozen.pid, signal.SIGKILL)
+    workers.start("spare", 1, *FAST)
+    record = job.wait(30)
+    assert (record.state, record.attempt) == (JobState.SUCCEEDED, 2)
+    assert sorted(part.worker for part in record.parts) == ["on", "spare"]

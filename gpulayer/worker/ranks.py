@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ..models import Distributed
+from ..payloads import CALL
+from .rank import RESULT_SUFFIX
 
 #: A node other than node 0 waits this long (s) for node 0 to say where rank 0 listens.
 GANG_START_TIMEOUT = 60.0
@@ -78,3 +82,25 @@ def torchrun(gang: Distributed, node: int, master: str, command: Sequence[str], 
         "--no-python",
         *command,
     ]
+
+
+def call_command(folder: Path) -> list[str]:
+    """The command each rank of a function's gang job runs: the call, written to ``folder`` first."""
+    return [sys.executable, "-m", "gpulayer.worker.rank", str(folder / CALL), str(folder)]
+
+
+def call_result(folder: Path, rank: int | None) -> tuple[dict[str, Any], bytes] | None:
+    """The reply header and signed payload ``rank`` left (rank 0's value, or a rank's exception);
+    with ``rank`` None, the first exception any rank here left. None if there is none."""
+    paths = (
+        [folder / f"{rank}{RESULT_SUFFIX}"] if rank is not None else sorted(folder.glob(f"*{RESULT_SUFFIX}"))
+    )
+    for path in paths:
+        try:
+            header, _, payload = path.read_bytes().partition(b"\n")
+        except FileNotFoundError:
+            continue
+        reply: dict[str, Any] = json.loads(header)
+        if rank is not None or not reply["ok"]:
+            return reply, payload
+    return None

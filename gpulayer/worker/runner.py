@@ -42,6 +42,7 @@ from ..store.artifacts import (
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
 from . import ranks
+from .executor import SECRET_VARIABLE
 from .executors import Executor, Key
 from .functions import FunctionRuntime
 from .output import Line, Tracked
@@ -145,16 +146,19 @@ class JobRunner:
     def run(self) -> None:
         started = time.monotonic()
         ending: Ending | None
+        # A function's call needs no folder, unless its ranks leave their results there.
+        folder = self.spec.function is None or self.claim.part is not None
         try:
-            if self.spec.function is None:
+            if folder:
                 self._workdir.mkdir(parents=True)
+            if self.spec.function is None:
                 self._fetch_inputs()
             ending = self._execute()
         except (ArchiveError, MissingArtifact, CorruptArtifact) as exc:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
         finally:
             # Before the job ends: its slot is not free until its folder is gone.
-            if self.spec.function is None:
+            if folder:
                 _remove(self._workdir)
         if ending is not None:
             self.ending = True
@@ -167,7 +171,9 @@ class JobRunner:
             return None
         # A function's call is read in the same round trip.
         read_call = (
-            (lambda pipe: self._artifacts.queue_inputs(pipe, self.job_id)) if self.spec.function else None
+            (lambda pipe: self._artifacts.queue_inputs(pipe, self.claim.target))
+            if self.spec.function
+            else None
         )
         part = self.claim.part
         # Node 0 of a gang job says where its rank 0 will listen as it starts.
@@ -188,14 +194,16 @@ class JobRunner:
             # An idle executor may hold GPU memory this job is about to need.
             devices = set(filter(None, self._base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
             self._functions.executors.evict(devices, self._executor_key())
+        call = None
         if self.spec.function is not None:
             call = small_files(replies[0], [CALL]).get(CALL)
             if call is None:
                 raise MissingArtifact(CALL)
-            return self._call(env, call)
+            if part is None:
+                return self._call(env, call)
         env = {**self._base_env, "PYTHONUNBUFFERED": "1", **env}
         if part is not None:
-            return self._ranks(env, master or self._wait_for_master())
+            return self._ranks(env, master or self._wait_for_master(), call)
         try:
             process = self._processes.spawn(self.spec.command, self._workdir, env)
         except OSError as exc:
@@ -237,8 +245,9 @@ class JobRunner:
             pause = min(pause * 2, 0.1)
         return ""
 
-    def _ranks(self, env: dict[str, str], master: str) -> Ending | None:
-        """Start this node's ranks (or torchrun) and follow them; any rank failing stops the others."""
+    def _ranks(self, env: dict[str, str], master: str, call: bytes | None) -> Ending | None:
+        """Start this node's ranks (or torchrun) and follow them; any rank failing stops the others.
+        ``call``: each rank calls the function, in the code bundle's folder."""
         part, gang = self.claim.part, self.spec.distributed
         assert part is not None
         assert gang is not None
@@ -248,20 +257,28 @@ class JobRunner:
             reason = f"rank 0 did not start within {ranks.GANG_START_TIMEOUT:g} s"
             self._system(reason)
             return Ending(JobState.FAILED, reason=reason, unstarted=True)
+        cwd, command = self._workdir, self.spec.command
+        if call is not None:
+            prepared = self._prepare_call(call)
+            if isinstance(prepared, Ending):
+                return prepared
+            cwd, secret = prepared
+            command = ranks.call_command(self._workdir)
+            env = {**env, SECRET_VARIABLE: secret}
         first = part.node * gang.procs_per_node
         if gang.launcher == "torchrun":
-            argv = ranks.torchrun(gang, part.node, master, self.spec.command, self._workdir / ".torchrun")
+            argv = ranks.torchrun(gang, part.node, master, command, self._workdir / ".torchrun")
             plan: list[tuple[int | None, list[str], dict[str, str]]] = [(None, argv, env)]
         else:
             devices = [device for device in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if device]
             plan = [
-                (rank, self.spec.command, {**env, **rank_env})
+                (rank, command, {**env, **rank_env})
                 for rank, rank_env in ranks.direct(gang, part.node, master, devices, env)
             ]
         tracked: list[Tracked] = []
         for rank, argv, rank_env in plan:
             try:
-                process = self._processes.spawn(argv, self._workdir, rank_env, die_with_worker=True)
+                process = self._processes.spawn(argv, cwd, rank_env, die_with_worker=True)
             except OSError as exc:
                 for started in tracked:
                     signal_tree(started.pid, signal.SIGKILL)
@@ -272,24 +289,46 @@ class JobRunner:
                 return Ending(JobState.FAILED, code, reason, unstarted=True)
             base = first if rank is None else None
             tracked.append(Tracked(process, rank=rank, torchrun_base=base))
-        return self._command(tracked)
+        ending = self._command(tracked)
+        return self._call_result(ending) if call is not None and ending is not None else ending
+
+    def _prepare_call(self, call: bytes) -> tuple[Path, str] | Ending:
+        """For ranks that call a function: the call checked and written where they read it; the
+        folder they run in and the secret they sign their results with. Or how the job ends."""
+        function = self.spec.function
+        assert function is not None
+        functions = self._verified(call)
+        if isinstance(functions, Ending):
+            return functions
+        (self._workdir / CALL).write_bytes(call)
+        return self._persist(functions.bundles.folder, function.bundle), functions.secret.decode()
+
+    def _call_result(self, ending: Ending) -> Ending:
+        """A function's gang job ends with rank 0's value (stored by node 0), or with the exception
+        of the rank that failed here."""
+        part = self.claim.part
+        assert part is not None
+        if ending.state is JobState.SUCCEEDED:
+            found = ranks.call_result(self._workdir, 0) if part.node == 0 else None
+        elif ending.state is JobState.FAILED:
+            found = ranks.call_result(self._workdir, self._failed[0] if self._failed else None)
+        else:
+            found = None
+        if found is None:
+            return ending
+        reply = self._reply_ending(*found)
+        if reply.state is JobState.FAILED and ending.reason:
+            who = ending.reason.split(":", 1)[0]
+            return dataclasses.replace(reply, exit_code=ending.exit_code, reason=f"{who}: {reply.reason}")
+        return reply
 
     def _call(self, env: dict[str, str], call: bytes) -> Ending | None:
         """Run a function's call in an executor: a warm one for this code and these GPUs, or a new one."""
-        functions, function = self._functions, self.spec.function
+        function = self.spec.function
         assert function is not None
-        if functions is None:
-            reason = (
-                "this worker has no secret to check function calls with (set GPULAYER_SECRET, or "
-                "join with --secret), so it cannot run them"
-            )
-            self._system(reason)
-            return Ending(JobState.FAILED, reason=reason)
-        try:
-            Signer(functions.secret).verify(call)
-        except UntrustedPayload as exc:
-            self._system(f"refused: {exc}")
-            return Ending(JobState.FAILED, reason=f"refused: {exc}")
+        functions = self._verified(call)
+        if isinstance(functions, Ending):
+            return functions
         folder = self._persist(functions.bundles.folder, function.bundle)
         key = self._executor_key()
         try:
@@ -323,6 +362,24 @@ class JobRunner:
                 return dataclasses.replace(ending, reason=f"the call's Python process died ({ending.reason})")
             return ending
         return self._reply_ending(*reply)
+
+    def _verified(self, call: bytes) -> FunctionRuntime | Ending:
+        """What runs function calls here, once ``call`` is found signed with the installation's
+        secret; or how the job ends (no secret here, or a forged call, refused unread)."""
+        functions = self._functions
+        if functions is None:
+            reason = (
+                "this worker has no secret to check function calls with (set GPULAYER_SECRET, or "
+                "join with --secret), so it cannot run them"
+            )
+            self._system(reason)
+            return Ending(JobState.FAILED, reason=reason)
+        try:
+            Signer(functions.secret).verify(call)
+        except UntrustedPayload as exc:
+            self._system(f"refused: {exc}")
+            return Ending(JobState.FAILED, reason=f"refused: {exc}")
+        return functions
 
     def _executor_key(self) -> Key:
         function = self.spec.function

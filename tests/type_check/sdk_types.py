@@ -17,6 +17,14 @@ def train(lr: float) -> dict[str, float]:
     return {"loss": lr}
 
 
+@gl.remote(nodes=2, procs_per_node=2, launcher="direct")
+def ddp(epochs: int) -> float:
+    return float(epochs)
+
+
+gang: gl.FunctionHandle[float] = ddp.remote(3)
+job: gl.Job = gl.DistributedJob(["python", "train.py"], nodes=2, gpus_per_node=4).submit()
+
 local: float = scale(1.5)
 handle: gl.FunctionHandle[float] = scale.remote(1.5, factor=3)
 value: float = handle.result(timeout=10)
@@ -30,3 +38,4 @@ scale.remote("1.5")  # type: ignore[arg-type]
 scale.remote(1.5, factor=2, extra=1)  # type: ignore[call-arg]
 train("fast")  # type: ignore[arg-type]
 wrong: str = handle.result()  # type: ignore[assignment]
+gl.remote(launcher="mpirun")  # type: ignore[call-overload]
