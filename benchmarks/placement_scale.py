@@ -119,7 +119,7 @@ def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, di
         spent = 0.0
         for _ in range(CLAIMS):
             started = time.perf_counter()
-            claimed = worker.store.claim(worker._served.claim_order(), 1, 8, 64 * GiB, 60_000)
+            claimed, _ = worker.store.claim(worker._served.claim_order(), 1, 8, 64 * GiB, 60_000)
             spent += time.perf_counter() - started
             assert len(claimed) == 1
             # Given back so the depth stays as measured; not timed.
