@@ -416,9 +416,17 @@ def _running(pid: int) -> bool:
 
 def test_keys_of_gang_jobs_live_under_the_prefix() -> None:
     keys = Keys("p")
-    assert [keys.gangs, keys.gang_wake, keys.worker_gang("w"), keys.worker_wake("w"), keys.held("w")] == [
+    assert [
+        keys.gangs,
+        keys.gang_wake,
+        keys.gangs_placing,
+        keys.worker_gang("w"),
+        keys.worker_wake("w"),
+        keys.held("w"),
+    ] == [
         "p:gangs",
         "p:gangs:wake",
+        "p:gangs:placing",
         "p:worker:w:gang",
         "p:worker:w:wake",
         "p:worker:w:held",
@@ -514,18 +522,17 @@ def test_a_distributed_job_of_a_function_returns_rank_zeros_value(
 
 
 def test_a_worker_that_vanishes_between_placement_and_start_sends_the_job_back_to_wait(
-    client: Client, workers: Workers
+    client: Client, workers: Workers, env: dict[str, str]
 ) -> None:
     workers.start("on", 1, *FAST)
-    frozen = workers.start("frozen", 1, *FAST)
-    os.kill(frozen.pid, signal.SIGSTOP)  # still counted as live for a moment, but it claims nothing
-    try:
-        job = client.submit(["true"], nodes=2, retries=0)
-        wait_for(lambda: job.status().attempts, what="the first attempt to end")
-        first = job.status().attempts[0]
-        assert (first.outcome, first.reason) == ("unstarted", "worker frozen stopped renewing its lease")
-    finally:
-        os.kill(frozen.pid, signal.SIGKILL)
+    workers.env = {**env, "GPULAYER_TEST_FAULT": "exit-after-claim"}  # it dies as it takes its part
+    doomed = workers.start("doomed", 1, *FAST)
+    workers.env = env
+    job = client.submit(["true"], nodes=2, retries=0)
+    wait_for(lambda: job.status().attempts, what="the first attempt to end")
+    first = job.status().attempts[0]
+    assert (first.outcome, first.reason) == ("unstarted", "worker doomed stopped renewing its lease")
+    assert doomed.wait(5) == 9
     workers.start("spare", 1, *FAST)
     record = job.wait(30)
     assert (record.state, record.attempt) == (JobState.SUCCEEDED, 2)

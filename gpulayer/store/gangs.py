@@ -52,6 +52,10 @@ class GangStore:
         self._keys = keys
         self._scripts = scripts
 
+    def take_turn(self, worker: str, ttl_ms: int) -> bool:
+        """Whether ``worker`` may place gang jobs now: no other worker did in the last ``ttl_ms``."""
+        return bool(self._redis.set(self._keys.gangs_placing, worker, nx=True, px=ttl_ms))
+
     def waiting(self, limit: int = 50) -> list[Waiting]:
         """The oldest ``limit`` gang jobs waiting for workers, oldest first."""
         ids = [raw.decode() for raw in cast(list[bytes], self._redis.zrange(self._keys.gangs, 0, limit - 1))]

@@ -45,6 +45,9 @@ class Keys:
         self.gangs = f"{prefix}:gangs"
         #: Channel a gang job's id is published on when it starts waiting, so workers try to place it.
         self.gang_wake = f"{prefix}:gangs:wake"
+        #: The name of the worker placing gang jobs now (with a short TTL): one at a time, so a big
+        #: fleet does not read every worker's record once per worker.
+        self.gangs_placing = f"{prefix}:gangs:placing"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.

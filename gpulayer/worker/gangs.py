@@ -18,17 +18,25 @@ from ..store.workers import WorkerStore
 log = logging.getLogger("gpulayer.worker")
 #: A worker whose last heartbeat is older than this many of its heartbeat intervals is not given a node.
 _SILENT_BEATS = 3
+#: After one worker tried to place gang jobs, others wait this long (ms) before they try.
+TURN_MS = 100
 
 
 class GangPlacer:
-    def __init__(self, gangs: GangStore, workers: WorkerStore, *, hold: Hold, lease_ms: int) -> None:
+    def __init__(
+        self, gangs: GangStore, workers: WorkerStore, *, name: str, hold: Hold, lease_ms: int
+    ) -> None:
+        self._name = name
         self._gangs = gangs
         self._workers = workers
         self._hold = hold
         self._lease_ms = lease_ms
 
-    def place(self) -> int:
-        """Try every waiting gang job, oldest first; returns how many still wait."""
+    def place(self) -> int | None:
+        """Try every waiting gang job, oldest first; returns how many still wait, or None when another
+        worker has just tried (one at a time)."""
+        if not self._gangs.take_turn(self._name, TURN_MS):
+            return None
         waiting = self._gangs.waiting()
         if not waiting:
             return 0

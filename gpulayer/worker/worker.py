@@ -136,6 +136,7 @@ class Worker(BaseWorker):
         self._placer = GangPlacer(
             GangStore(connection, self.keys, scripts),
             WorkerStore(connection, self.keys),
+            name=name,
             hold=Hold(int(settings.gang_hold_after * 1000), HOLD_TTL_MS),
             lease_ms=int(lease_ttl * 1000),
         )
@@ -448,7 +449,9 @@ class Worker(BaseWorker):
         self._place_now = False
         self._next_placement = time.monotonic() + PLACE_INTERVAL
         try:
-            self._gangs = self._placer.place()
+            waiting = self._placer.place()
+            # Not this worker's turn: another just tried; try again at the next interval regardless.
+            self._gangs = max(self._gangs, 1) if waiting is None else waiting
         except redis.exceptions.ResponseError as exc:
             # A record the script cannot read must not stop the worker; the next try may do better.
             log.error("worker %s: placing gang jobs failed: %s", self.display_name, exc)
