@@ -537,3 +537,16 @@ def test_a_worker_that_vanishes_between_placement_and_start_sends_the_job_back_t
     record = job.wait(30)
     assert (record.state, record.attempt) == (JobState.SUCCEEDED, 2)
     assert sorted(part.worker for part in record.parts) == ["on", "spare"]
+
+
+def test_the_distributed_example_trains_on_two_workers(client: Client, workers: Workers) -> None:
+    pytest.importorskip("torch")
+    workers.start("ex-a", 2)
+    workers.start("ex-b", 2)
+    example = Path(__file__).resolve().parent.parent / "examples" / "distributed"
+    job = client.submit([sys.executable, "ddp.py"], source=example, nodes=2, procs_per_node=2)
+    record = job.wait(120)
+    lines = [line.text for line in job.logs()]
+    assert record.state is JobState.SUCCEEDED, lines
+    assert sum(text.startswith("rank ") for text in lines) == 4
+    assert [line.rank for line in job.logs() if line.text.startswith("mean loss over 4 ranks")] == [0]

@@ -41,8 +41,6 @@ from ..store.artifacts import (
 )
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
-from . import ranks
-from .executor import SECRET_VARIABLE
 from .executors import Executor, Key
 from .functions import FunctionRuntime
 from .output import Line, Tracked
@@ -146,8 +144,7 @@ class JobRunner:
     def run(self) -> None:
         started = time.monotonic()
         ending: Ending | None
-        # A function's call needs no folder, unless its ranks leave their results there.
-        folder = self.spec.function is None or self.claim.part is not None
+        folder = self._needs_folder
         try:
             if folder:
                 self._workdir.mkdir(parents=True)
@@ -175,10 +172,8 @@ class JobRunner:
             if self.spec.function
             else None
         )
-        part = self.claim.part
-        # Node 0 of a gang job says where its rank 0 will listen as it starts.
-        master = f"{self._address}:{ranks.free_port()}" if part is not None and part.node == 0 else ""
-        status, replies = self._persist(self._store.start, self.claim, read_call, master)
+        announced = self._announce()
+        status, replies = self._persist(self._store.start, self.claim, read_call, announced)
         if status == "stale":
             log.warning(
                 "job %s: attempt %d is no longer this worker's; not starting it",
@@ -199,128 +194,40 @@ class JobRunner:
             call = small_files(replies[0], [CALL]).get(CALL)
             if call is None:
                 raise MissingArtifact(CALL)
-            if part is None:
-                return self._call(env, call)
-        env = {**self._base_env, "PYTHONUNBUFFERED": "1", **env}
-        if part is not None:
-            return self._ranks(env, master or self._wait_for_master(), call)
+        return self._launch(env, call, announced)
+
+    @property
+    def _needs_folder(self) -> bool:
+        """A command runs in a folder of its own; a function's call in its code bundle's."""
+        return self.spec.function is None
+
+    def _announce(self) -> str:
+        """What ``start.lua`` is told of where rank 0 listens: nothing, but for node 0 of a gang job."""
+        return ""
+
+    def _launch(self, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
+        """Start the job's process (its command, or its call in an executor) and follow it to its end."""
+        if call is not None:
+            return self._call(env, call)
         try:
-            process = self._processes.spawn(self.spec.command, self._workdir, env)
+            process = self._processes.spawn(
+                self.spec.command, self._workdir, {**self._base_env, "PYTHONUNBUFFERED": "1", **env}
+            )
         except OSError as exc:
-            code, reason = _spawn_failure(self.spec.command[0], exc)
+            code, reason = spawn_failure(self.spec.command[0], exc)
             self._system(reason)
             return Ending(JobState.FAILED, code, reason)
         return self._command([Tracked(process)])
 
     def _command(self, tracked: list[Tracked]) -> Ending | None:
-        """Follow the job's processes to their end, then upload its outputs (from node 0 only, for a
-        gang job): how the job ended."""
+        """Follow the job's processes to their end, then upload its outputs: how the job ended."""
         self._follow(tracked)
         self._clean_up()
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
-        part = self.claim.part
-        outputs, too_large = self._upload_outputs() if part is None or part.node == 0 else (None, None)
-        failing = next((one for one in tracked if one.returncode), None)
-        if self._failed is None:
-            if part is None or failing is None or self._stop is not None:
-                return self._outcome(tracked[0].returncode or 0, outputs, too_large)
-            self._failed = (failing.rank, failing.returncode or 0)
-        rank, status = self._failed
-        ending = self._outcome(status, outputs, too_large)
-        who = f"rank {rank}" if rank is not None else f"torchrun (node {part.node if part else 0})"
-        return dataclasses.replace(ending, reason=f"{who}: {ending.reason}")
-
-    def _wait_for_master(self) -> str:
-        """Where rank 0 listens, once node 0 has said it (polled: it is a matter of milliseconds when
-        all goes well); '' if it does not within :data:`ranks.GANG_START_TIMEOUT` or the job stops."""
-        deadline = time.monotonic() + ranks.GANG_START_TIMEOUT
-        pause = 0.002
-        while self._stop is None and time.monotonic() < deadline:
-            master = self._persist(self._store.master, self.claim)
-            if master:
-                return master
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
-        return ""
-
-    def _ranks(self, env: dict[str, str], master: str, call: bytes | None) -> Ending | None:
-        """Start this node's ranks (or torchrun) and follow them; any rank failing stops the others.
-        ``call``: each rank calls the function, in the code bundle's folder."""
-        part, gang = self.claim.part, self.spec.distributed
-        assert part is not None
-        assert gang is not None
-        if not master:
-            if self._stop is not None:
-                return self._outcome(0, None, None)
-            reason = f"rank 0 did not start within {ranks.GANG_START_TIMEOUT:g} s"
-            self._system(reason)
-            return Ending(JobState.FAILED, reason=reason, unstarted=True)
-        cwd, command = self._workdir, self.spec.command
-        if call is not None:
-            prepared = self._prepare_call(call)
-            if isinstance(prepared, Ending):
-                return prepared
-            cwd, secret = prepared
-            command = ranks.call_command(self._workdir)
-            env = {**env, SECRET_VARIABLE: secret}
-        first = part.node * gang.procs_per_node
-        if gang.launcher == "torchrun":
-            argv = ranks.torchrun(gang, part.node, master, command, self._workdir / ".torchrun")
-            plan: list[tuple[int | None, list[str], dict[str, str]]] = [(None, argv, env)]
-        else:
-            devices = [device for device in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if device]
-            plan = [
-                (rank, command, {**env, **rank_env})
-                for rank, rank_env in ranks.direct(gang, part.node, master, devices, env)
-            ]
-        tracked: list[Tracked] = []
-        for rank, argv, rank_env in plan:
-            try:
-                process = self._processes.spawn(argv, cwd, rank_env, die_with_worker=True)
-            except OSError as exc:
-                for started in tracked:
-                    signal_tree(started.pid, signal.SIGKILL)
-                    self._processes.reap(started.process)
-                code, reason = _spawn_failure(argv[0], exc)
-                reason = f"rank {rank if rank is not None else first}: {reason}"
-                self._system(reason)
-                return Ending(JobState.FAILED, code, reason, unstarted=True)
-            base = first if rank is None else None
-            tracked.append(Tracked(process, rank=rank, torchrun_base=base))
-        ending = self._command(tracked)
-        return self._call_result(ending) if call is not None and ending is not None else ending
-
-    def _prepare_call(self, call: bytes) -> tuple[Path, str] | Ending:
-        """For ranks that call a function: the call checked and written where they read it; the
-        folder they run in and the secret they sign their results with. Or how the job ends."""
-        function = self.spec.function
-        assert function is not None
-        functions = self._verified(call)
-        if isinstance(functions, Ending):
-            return functions
-        (self._workdir / CALL).write_bytes(call)
-        return self._persist(functions.bundles.folder, function.bundle), functions.secret.decode()
-
-    def _call_result(self, ending: Ending) -> Ending:
-        """A function's gang job ends with rank 0's value (stored by node 0), or with the exception
-        of the rank that failed here."""
-        part = self.claim.part
-        assert part is not None
-        if ending.state is JobState.SUCCEEDED:
-            found = ranks.call_result(self._workdir, 0) if part.node == 0 else None
-        elif ending.state is JobState.FAILED:
-            found = ranks.call_result(self._workdir, self._failed[0] if self._failed else None)
-        else:
-            found = None
-        if found is None:
-            return ending
-        reply = self._reply_ending(*found)
-        if reply.state is JobState.FAILED and ending.reason:
-            who = ending.reason.split(":", 1)[0]
-            return dataclasses.replace(reply, exit_code=ending.exit_code, reason=f"{who}: {reply.reason}")
-        return reply
+        outputs, too_large = self._upload_outputs()
+        return self._outcome(tracked[0].returncode or 0, outputs, too_large)
 
     def _call(self, env: dict[str, str], call: bytes) -> Ending | None:
         """Run a function's call in an executor: a warm one for this code and these GPUs, or a new one."""
@@ -622,9 +529,6 @@ class JobRunner:
             )
 
     def _system(self, line: str) -> None:
-        part = self.claim.part
-        if part is not None:
-            line = f"node {part.node} ({self._store.worker}): {line}"
         self._persist(self._store.append_logs, self.claim, [("system", line, None)])
 
     def _persist(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -677,7 +581,7 @@ def _shell_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _spawn_failure(program: str, exc: OSError) -> tuple[int, str]:
+def spawn_failure(program: str, exc: OSError) -> tuple[int, str]:
     if isinstance(exc, FileNotFoundError):
         return 127, f"command not found: {program}"
     if isinstance(exc, PermissionError):

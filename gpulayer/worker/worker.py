@@ -53,6 +53,7 @@ from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
 from .leases import LeaseKeeper
 from .listener import Listener
+from .parts import PartRunner
 from .process import JobProcesses, become_subreaper
 from .queues import ServedQueues
 from .runner import Context, JobRunner, StopReason
@@ -372,7 +373,8 @@ class Worker(BaseWorker):
             log.error("job %s: %s", job.job_id, reason)
             return
         folder = self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
-        runner = JobRunner(job, spec, self._context, folder, {**self._base_env, **self._gpu_env(job)})
+        kind = JobRunner if job.part is None else PartRunner
+        runner = kind(job, spec, self._context, folder, {**self._base_env, **self._gpu_env(job)})
         with self._lock:
             self._runners[job.job_id] = runner
         if self.get_state() != WorkerStatus.BUSY:
