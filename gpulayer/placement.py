@@ -53,6 +53,8 @@ class Plan(BaseModel):
     reasons: list[Reason]
     #: For a gang job that could start now: the workers of its nodes, node 0 first.
     workers: list[str] = []
+    #: The job's nodes: 1, or the distinct workers a gang job needs.
+    nodes: int = 1
 
 
 def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:
@@ -94,9 +96,8 @@ def plan(requirements: Requirements, workers: list[WorkerInfo], nodes: int = 1) 
             f"needs {nodes} workers that can each hold one node: {could} could ever, {len(fitting)} can now"
         )
         reasons.insert(0, Reason(worker=None, reason=gang))
-    return Plan(
-        worker=chosen[0] if chosen else None, workers=chosen, schedulable=could >= nodes, reasons=reasons
-    )
+    first = chosen[0] if chosen else None
+    return Plan(worker=first, workers=chosen, schedulable=could >= nodes, reasons=reasons, nodes=nodes)
 
 
 def candidates(requirements: Requirements, workers: list[WorkerInfo]) -> list[Fit]:

@@ -177,7 +177,7 @@ def test_a_cancelled_gang_job_leaves_the_waiting_set(client: Client, raw_redis: 
 
 
 def test_a_gang_job_no_set_of_workers_could_hold_is_refused_on_request_and_waits_otherwise(
-    client: Client, workers: Workers
+    client: Client, workers: Workers, cli: Callable[..., Result]
 ) -> None:
     workers.start("w1", 1)
     with pytest.raises(Unschedulable, match="needs 2 workers that can each hold one node: 1 could ever"):
@@ -186,11 +186,16 @@ def test_a_gang_job_no_set_of_workers_could_hold_is_refused_on_request_and_waits
     # It holds nothing and blocks nobody: a plain job runs at once.
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
     plan = stuck.why()
-    assert (plan.schedulable, plan.reasons[0].reason) == (
+    assert (plan.schedulable, plan.nodes, plan.reasons[0].reason) == (
         False,
+        2,
         "needs 2 workers that can each hold one node: 1 could ever, 1 can now",
     )
     assert stuck.status().state is JobState.QUEUED
+    assert cli("why", stuck.id).output.splitlines()[:2] == [
+        "no 2 connected workers could ever run this gang job together:",
+        "  needs 2 workers that can each hold one node: 1 could ever, 1 can now",
+    ]
 
 
 def test_procs_per_node_defaults_to_the_gpus_per_node(client: Client) -> None:

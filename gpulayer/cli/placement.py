@@ -48,7 +48,9 @@ def print_plan(plan: Plan) -> None:
     elif plan.worker:
         click.echo(f"would start on {plan.worker} now (the least busy worker that fits)")
     elif plan.schedulable:
-        click.echo("waiting for a busy worker:")
+        click.echo("waiting for busy workers:" if plan.nodes > 1 else "waiting for a busy worker:")
+    elif plan.nodes > 1:
+        click.echo(f"no {plan.nodes} connected workers could ever run this gang job together:")
     else:
         click.echo("no connected worker could ever run this job:")
     for reason in plan.reasons:
