@@ -9,7 +9,7 @@ import shlex
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from . import archive, placement
 from .calls import Call, CallOptions, Calls
@@ -18,13 +18,26 @@ from .errors import (
     JobNotFinished,
     JobNotFound,
     OutputNotProduced,
+    TokenError,
     Unschedulable,
     WaitTimeout,
     WorkerNotFound,
 )
 from .home import resolve_redis_url
 from .inventory import WorkerInfo
-from .models import Distributed, JobRecord, JobState, Launcher, LogLine, RetryOn, build_spec, validated
+from .models import (
+    Distributed,
+    JobRecord,
+    JobState,
+    Launcher,
+    LogLine,
+    QueueInfo,
+    RetryOn,
+    Role,
+    TokenInfo,
+    build_spec,
+    validated,
+)
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
@@ -39,7 +52,9 @@ from .store.connection import connect, redact
 from .store.jobs import JobStore
 from .store.keys import Keys
 from .store.logs import LogStore
+from .store.queues import QueueStore
 from .store.scripts import Scripts
+from .store.tokens import TokenStore
 from .store.workers import WorkerStore
 from .units import format_size
 
@@ -64,6 +79,8 @@ class Client:
         self._logs = LogStore(self.redis, self.keys)
         self._artifacts = RedisArtifactStore(self.redis, self.keys)
         self._workers = WorkerStore(self.redis, self.keys)
+        self._queues = QueueStore(self.redis, self.keys)
+        self._tokens = TokenStore(self.redis, self.keys)
         self._calls = Calls(self.settings, self._jobs, self._artifacts)
 
     def __repr__(self) -> str:
@@ -221,13 +238,35 @@ class Client:
         job.status()
         return job
 
-    def jobs(self, state: JobState | str | None = None, limit: int = 100) -> list[JobRecord]:
-        """The newest jobs first, all or in one state."""
-        return self._jobs.list(JobState(state) if state else None, limit)
+    def jobs(self, state: JobState | str | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
+        """The newest jobs first, all or in one state; ``offset`` skips that many (paging)."""
+        return self._jobs.list(JobState(state) if state else None, limit, offset)
 
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self._workers.list()
+
+    def queues(self) -> tuple[list[QueueInfo], int]:
+        """Every queue with how many jobs wait in it, and how many gang jobs wait for workers."""
+        return self._queues.list()
+
+    def create_token(self, name: str, role: Role, expires_in: float | None = None) -> tuple[str, TokenInfo]:
+        """A new API token for the HTTP API and dashboard: the token (shown once; only its hash is
+        kept) and its record. ``expires_in`` seconds, or never. :class:`TokenError` if ``name`` is taken."""
+        return self._tokens.create(name, role, expires_in)
+
+    def tokens(self) -> list[TokenInfo]:
+        """The API tokens that still work, by name."""
+        return self._tokens.list()
+
+    def revoke_token(self, name: str) -> None:
+        """Stop the token named ``name`` at once; :class:`TokenError` if there is none."""
+        if not self._tokens.revoke(name):
+            raise TokenError(f"no token named {name!r}")
+
+    def check_token(self, token: str) -> TokenInfo | None:
+        """The record of ``token`` if it works (exists, not revoked, not expired), else None."""
+        return self._tokens.check(token)
 
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
@@ -274,6 +313,12 @@ class Job:
         lines = self.client._logs.lines(self.id, follow=follow)
         return lines if rank is None else (line for line in lines if line.rank == rank)
 
+    def log_page(self, after: str = "0-0", limit: int = 1000) -> list[tuple[str, LogLine]]:
+        """Up to ``limit`` stored lines after the line with id ``after`` (``0-0``: from the first),
+        each with its id: the cursor of the next page."""
+        self.status()
+        return self.client._logs.page(self.id, after, limit)
+
     def why(self) -> Plan:
         """For a queued job: where it would start now, or why each worker cannot run it."""
         spec = self.status().spec
@@ -286,6 +331,14 @@ class Job:
         if outcome == "missing":
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         return outcome in ("cancelled", "requested")
+
+    def outputs_archive(self, dest: IO[bytes]) -> None:
+        """Write the job's outputs, as the gzip-compressed tar archive it stored, to ``dest``;
+        :class:`OutputNotProduced` if it stored none (or they expired)."""
+        try:
+            self.client._artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
+        except MissingArtifact:
+            raise OutputNotProduced(f"job {self.id} has no stored outputs") from None
 
     def download_outputs(self, dest: PathLike) -> list[Path]:
         """Unpack the job's outputs into ``dest``; returns the files written. Raises

@@ -13,6 +13,7 @@ The tree::
     ├── ArchiveError           an archive holds an unsafe entry (absolute path, "..", device)
     ├── JobNotFound            no job with that id (never existed, or past its retention)
     ├── WorkerNotFound         no connected worker with that name
+    ├── TokenError             an API token name that is taken or invalid, or no token of that name
     ├── JobNotFinished         the job has not ended yet, so it has no outputs
     ├── OutputNotProduced      a declared output was not produced by the job
     ├── Unschedulable          no connected worker could ever run the job
@@ -79,6 +80,12 @@ class JobNotFound(GpulayerError):
 
 class WorkerNotFound(GpulayerError):
     """No connected worker has that name."""
+
+
+class TokenError(GpulayerError):
+    """An API token cannot be made (its name is taken or invalid) or found."""
+
+    exit_code = 2
 
 
 class JobNotFinished(GpulayerError):

@@ -21,6 +21,8 @@ M = TypeVar("M", bound=BaseModel)
 RetryOn = Literal["lost", "exit", "both"]
 #: How a gang job's ranks start: by the worker itself, with torchrun's environment; or by torchrun.
 Launcher = Literal["direct", "torchrun"]
+#: What an API token may do: everything; submit and cancel jobs (and read); read; read /metrics only.
+Role = Literal["admin", "submitter", "viewer", "metrics"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -291,6 +293,13 @@ class JobRecord(BaseModel):
     parts: list[GangPart] = Field(default_factory=list)
     spec: JobSpec
 
+    def as_json(self) -> dict[str, object]:
+        """As `gpulayer status --json` and the HTTP API show it: times in UTC, the spec without the
+        fields left at their defaults."""
+        data = self.model_dump(mode="json", exclude={"spec"})
+        data["spec"] = self.spec.model_dump(mode="json", exclude_defaults=True)
+        return data
+
 
 class LogLine(BaseModel):
     """One line a job printed, or a line GPUlayer added (``system``), with the attempt it came from."""
@@ -304,3 +313,23 @@ class LogLine(BaseModel):
     rank: int | None = None
     #: When Redis received it.
     time: datetime
+
+
+class TokenInfo(BaseModel):
+    """An API token as stored (never the token itself: only its SHA-256 is kept)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+    role: Role
+    created_at: datetime
+    #: When it stops working; None: never.
+    expires_at: datetime | None = None
+
+
+class QueueInfo(BaseModel):
+    """One queue: the jobs of one requirement set and priority waiting for a worker."""
+
+    name: str
+    requirements: Requirements
+    priority: int
+    #: Jobs waiting in it now.
+    depth: int

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import cloudpickle
 import psutil
@@ -48,6 +49,7 @@ names = ("RANK", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 seen = {name: os.environ.get(name) for name in names}
 print("RESULT", rank, total.item(), repr(seen), flush=True)
 assert total.item() == world * (world + 1) / 2
+dist.barrier()  # no rank tears its connections down while another still uses them
 dist.destroy_process_group()
 """
 
@@ -470,6 +472,7 @@ def all_reduce() -> dict[str, float]:
     rank = dist.get_rank()
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
+    dist.barrier()
     dist.destroy_process_group()
     return {"rank": rank, "sum": total.item()}
 
@@ -479,6 +482,14 @@ def fail_on(bad: int) -> str:
         raise RankError(f"rank {bad} gives up")
     time.sleep(60)
     return "never"
+
+
+def value(handle: gl.FunctionHandle[Any]) -> Any:
+    """The call's value; if it failed, what its ranks printed, to see why."""
+    try:
+        return handle.result(120)
+    except gl.JobFailed:
+        raise AssertionError([(line.rank, line.text) for line in handle.logs()]) from None
 
 
 @pytest.fixture
@@ -495,7 +506,7 @@ def test_a_remote_function_runs_on_every_rank_and_returns_rank_zeros_value(
 ) -> None:
     pytest.importorskip("torch")
     function = gl.remote(all_reduce, nodes=2, procs_per_node=2, client=client, source=tmp_path / "project")
-    assert function.remote().result(120) == {"rank": 0, "sum": 10.0}
+    assert value(function.remote()) == {"rank": 0, "sum": 10.0}
 
 
 def test_a_remote_function_that_raises_on_one_rank_raises_it_here_and_stops_the_rest(
@@ -522,7 +533,7 @@ def test_a_distributed_job_of_a_function_returns_rank_zeros_value(
     client: Client, remote_gang: Workers, tmp_path: Path
 ) -> None:
     job = DistributedJob(env_rank, nodes=2, procs_per_node=2, source=tmp_path / "project").submit(client)
-    assert gl.FunctionHandle(job).result(60) == "0/4"
+    assert value(gl.FunctionHandle(job)) == "0/4"
     assert len(job.status().parts) == 2
 
 

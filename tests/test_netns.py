@@ -135,6 +135,7 @@ def test_a_gang_job_s_ranks_reach_each_other_across_a_real_network(
             "total = torch.tensor([float(dist.get_rank() + 1)])\n"
             "dist.all_reduce(total)\n"
             "print('RESULT', dist.get_rank(), total.item(), os.environ['MASTER_ADDR'], flush=True)\n"
+            "dist.barrier()\n"
             "dist.destroy_process_group()\n"
         )
         job = client.submit([sys.executable, "job.py"], source=source, nodes=2, timeout=120)

@@ -33,6 +33,8 @@ def main() -> None:
     print(f"rank {rank}/{world} on {os.environ.get('NODE_RANK', '?')}: loss {loss.item():.4f}", flush=True)
     if rank == 0:
         print(f"mean loss over {world} ranks: {total.item() / world:.4f}", flush=True)
+    # No rank tears its connections down while another still uses them (gloo aborts if one does).
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -4,6 +4,7 @@ from .app import main
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
 from .server import down, up
+from .web import server, token
 from .worker import join, worker
 
 _COMMANDS = (
@@ -22,6 +23,8 @@ _COMMANDS = (
     wait,
     cancel,
     outputs,
+    server,
+    token,
 )
 for _command in _COMMANDS:
     main.add_command(_command)

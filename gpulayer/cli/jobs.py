@@ -173,7 +173,7 @@ def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | Non
     """The newest jobs first."""
     records = open_client(redis_url).jobs(state, limit=limit)
     if as_json:
-        click.echo(json.dumps([_json(record) for record in records], indent=2))
+        click.echo(json.dumps([record.as_json() for record in records], indent=2))
         return
     rows = [("ID", "NAME", "STATE", "EXIT", "WORKER", "CREATED", "TIME", "COMMAND")]
     for record in records:
@@ -205,7 +205,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
     record = job.status()
     plan = job.why() if record.state is JobState.QUEUED else None
     if as_json:
-        data = _json(record)
+        data = record.as_json()
         data["reasons"] = [reason.model_dump() for reason in plan.reasons] if plan else []
         click.echo(json.dumps(data, indent=2))
         return
@@ -326,12 +326,6 @@ def _echo_line(line: LogLine, prefix: bool = True) -> None:
 def _report_end(record: JobRecord) -> None:
     detail = f": {record.reason}" if record.reason else ""
     click.echo(f"job {record.id} {record.state.value}{detail}", err=True)
-
-
-def _json(record: JobRecord) -> dict[str, object]:
-    data = record.model_dump(mode="json", exclude={"spec"})
-    data["spec"] = record.spec.model_dump(mode="json", exclude_defaults=True)
-    return data
 
 
 def _elapsed(record: JobRecord) -> str:

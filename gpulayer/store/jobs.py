@@ -162,10 +162,12 @@ class JobStore:
             if not self._redis.exists(self._keys.job(job_id)):
                 return False
 
-    def list(self, state: JobState | None = None, limit: int = 100) -> list[JobRecord]:
-        """The newest ``limit`` jobs, in one state or all. Ids of expired jobs are dropped from the index."""
+    def list(self, state: JobState | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
+        """The newest ``limit`` jobs after the first ``offset``, in one state or all. Ids of expired
+        jobs are dropped from the index."""
         index = self._keys.jobs_in(state.value) if state else self._keys.jobs
-        ids = [raw.decode() for raw in cast(list[bytes], self._redis.zrevrange(index, 0, limit - 1))]
+        window = cast(list[bytes], self._redis.zrevrange(index, offset, offset + limit - 1))
+        ids = [raw.decode() for raw in window]
         records = self.get_many(ids)
         expired = [job_id for job_id, record in zip(ids, records, strict=True) if record is None]
         if expired:

@@ -48,6 +48,10 @@ class Keys:
         #: The name of the worker placing gang jobs now (with a short TTL): one at a time, so a big
         #: fleet does not read every worker's record once per worker.
         self.gangs_placing = f"{prefix}:gangs:placing"
+        #: Hash of API token names → the SHA-256 of each token (its record's key).
+        self.tokens = f"{prefix}:tokens"
+        #: Channel a token's name is published on when it is revoked (open websockets close).
+        self.tokens_revoked = f"{prefix}:tokens:revoked"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.
@@ -160,6 +164,10 @@ class Keys:
 
     def wake(self, queue_name: str) -> str:
         return self._key("wake", queue_name)
+
+    def token(self, digest: str) -> str:
+        """An API token's record (name, role, times), by the token's SHA-256; it expires with the token."""
+        return f"{self.prefix}:token:{digest}"
 
     def idempotency(self, key: str) -> str:
         """Hashed, so any key a user picks makes a short, safe Redis key."""

@@ -46,6 +46,17 @@ class LogStore:
             if not follow and not got:
                 return
 
+    def page(self, job_id: str, after: str = "0-0", limit: int = _PAGE) -> list[tuple[str, LogLine]]:
+        """Up to ``limit`` stored lines after entry ``after``, each with its entry id (the cursor of
+        the next page)."""
+        raw = cast(
+            list[tuple[bytes, dict[bytes, bytes]]],
+            self._redis.xrange(
+                self._keys.logs(job_id), f"({after}" if after != "0-0" else "-", "+", count=limit
+            ),
+        )
+        return [(entry_id.decode(), _line(entry_id, fields)) for entry_id, fields in raw]
+
 
 def _line(entry_id: bytes, fields: dict[bytes, bytes]) -> LogLine:
     millis = int(entry_id.split(b"-", 1)[0])

@@ -16,6 +16,8 @@ from ..archive import extract
 from ..store.artifacts import BUNDLE_TTL, ArtifactStore
 from .executors import ExecutorPool
 
+#: A file in every unpacked bundle folder, holding its digest.
+BUNDLE_MARKER = ".gpulayer-bundle"
 #: A bundle folder in use is checked for and touched this often (s), not at every call.
 _TOUCH = 3600.0
 # Spool a bundle in memory up to this size while unpacking it, on disk beyond.
@@ -57,6 +59,9 @@ class CodeBundles:
                 self._artifacts.get_bundle(digest, archive)
                 archive.seek(0)
                 extract(archive, aside)
+            # Never empty, so another worker's rename cannot replace it under a running call (a
+            # rename onto an empty folder succeeds; onto a full one it fails).
+            (aside / BUNDLE_MARKER).write_text(digest + "\n")
             try:
                 aside.rename(final)
             except OSError:

@@ -16,9 +16,7 @@ from pathlib import Path
 
 from ..signing import Signer
 from .executor import SECRET_VARIABLE, run
-
-#: Ends the name of the file a rank leaves its result in.
-RESULT_SUFFIX = ".result"
+from .ranks import RESULT_SUFFIX
 
 
 def main(argv: list[str]) -> None:

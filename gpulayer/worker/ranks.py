@@ -12,10 +12,11 @@ from typing import Any
 
 from ..models import Distributed
 from ..payloads import CALL
-from .rank import RESULT_SUFFIX
 
 #: A node other than node 0 waits this long (s) for node 0 to say where rank 0 listens.
 GANG_START_TIMEOUT = 60.0
+#: Ends the name of the file a rank of a function's gang job leaves its result in.
+RESULT_SUFFIX = ".result"
 
 
 def free_port() -> int:

@@ -1,0 +1,97 @@
+"""API tokens: named, with a role, optionally expiring, stored only as their SHA-256.
+
+A token's record lives under the hash of the token, with a TTL when it expires, so checking one is
+one read and an expired or revoked token is simply not found. A name index lets people list and
+revoke them by name; revoking publishes the name, so open websockets of that token close at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime, timedelta, timezone
+from typing import cast
+
+from redis import Redis
+from redis.client import Pipeline
+
+from ..errors import InvalidJobSpec, TokenError
+from ..models import Role, TokenInfo, validated
+from .keys import Keys
+
+#: Every token starts so, for secret scanners and people reading logs.
+TOKEN_PREFIX = "glt_"
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenStore:
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    def create(self, name: str, role: Role, expires_in: float | None = None) -> tuple[str, TokenInfo]:
+        """A new token (returned once, never stored) and its record. :class:`TokenError` if the name
+        is taken or the name, role or lifetime is not valid."""
+        now = datetime.now(timezone.utc)
+        if expires_in is not None and expires_in <= 0:
+            raise TokenError("a token's lifetime must be positive")
+        expires = now + timedelta(seconds=expires_in) if expires_in is not None else None
+        try:
+            info = validated(
+                TokenInfo, {"name": name, "role": role, "created_at": now, "expires_at": expires}
+            )
+        except InvalidJobSpec as exc:
+            raise TokenError(str(exc).replace("invalid job", "invalid token", 1)) from None
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        digest = token_hash(token)
+        ttl = int(expires_in * 1000) if expires_in is not None else None
+
+        def write(pipe: Pipeline) -> None:
+            # Both keys or neither; a name whose token expired may be used again.
+            old = pipe.hget(self._keys.tokens, name)
+            if old is not None and pipe.exists(self._keys.token(cast(bytes, old).decode())):
+                raise TokenError(f"a token named {name!r} exists; revoke it first")
+            pipe.multi()
+            pipe.hset(self._keys.tokens, name, digest)
+            pipe.set(self._keys.token(digest), info.model_dump_json(), px=ttl)
+
+        self._redis.transaction(write, self._keys.tokens)
+        return token, info
+
+    def check(self, token: str) -> TokenInfo | None:
+        """The token's record, if it exists, is not revoked and has not expired."""
+        raw = self._redis.get(self._keys.token(token_hash(token)))
+        if raw is None:
+            return None
+        info = TokenInfo.model_validate_json(cast(bytes, raw))
+        if info.expires_at is not None and info.expires_at <= datetime.now(timezone.utc):
+            return None
+        return info
+
+    def list(self) -> list[TokenInfo]:
+        """Every token that still works, by name."""
+        names = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.tokens))
+        ordered = sorted(names.items())
+        records = (
+            self._redis.mget([self._keys.token(digest.decode()) for _, digest in ordered]) if ordered else []
+        )
+        found = [TokenInfo.model_validate_json(raw) for raw in records if raw is not None]
+        expired = [name for (name, _), raw in zip(ordered, records, strict=True) if raw is None]
+        if expired:
+            self._redis.hdel(self._keys.tokens, *expired)
+        return found
+
+    def revoke(self, name: str) -> bool:
+        """Stop the token named ``name`` from working, at once; False if there is none."""
+        digest = self._redis.hget(self._keys.tokens, name)
+        if digest is None:
+            return False
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.delete(self._keys.token(cast(bytes, digest).decode()))
+        pipe.hdel(self._keys.tokens, name)
+        pipe.publish(self._keys.tokens_revoked, name)
+        pipe.execute()
+        return True

@@ -1,0 +1,196 @@
+"""The HTTP API, under /api/v1: what the CLI does, as JSON. Each route names the least role it needs."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+from flask import Blueprint, Response, g, jsonify, request, send_file
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import OutputNotProduced
+from ..models import JobState, Launcher, RetryOn, Role
+from ..units import parse_duration
+from .auth import client, requires
+from .errors import ApiError
+
+api = Blueprint("api", __name__, url_prefix="/api/v1")
+#: Most jobs, and log lines, one page holds.
+MAX_PAGE = 1000
+_SPOOL = 16 * 1024 * 1024
+
+
+class SubmitRequest(BaseModel):
+    """``POST /jobs``: a command job, as ``gpulayer submit`` takes it (the job itself is then checked
+    by the same :class:`gpulayer.JobSpec` the CLI builds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] | str
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = None
+    name: str | None = None
+    outputs: list[str] = Field(default_factory=list)
+    priority: int = 0
+    retries: int | None = None
+    retry_on: RetryOn | None = None
+    retry_delay: float | None = None
+    idempotency_key: str | None = None
+    fail_if_unschedulable: bool = False
+    nodes: int | None = None
+    procs_per_node: int | None = None
+    launcher: Launcher | None = None
+    #: The fields of :class:`gpulayer.Requirements`.
+    requirements: dict[str, Any] = Field(default_factory=dict)
+
+
+class TokenRequest(BaseModel):
+    """``POST /tokens``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    role: Role
+    #: A duration (``30d``, ``12h``, seconds); none: it never expires.
+    expires: str | float | None = None
+
+
+def _body(model: type[BaseModel]) -> Any:
+    data = request.get_json(silent=True)
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return model.model_validate(data)
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise ApiError(400, f"{name} must be a whole number from {low} to {high}")
+    return int(raw)
+
+
+@api.get("/jobs")
+@requires("viewer")
+def list_jobs() -> Response:
+    """The newest jobs first; ``state``, ``limit`` (at most 1,000) and ``offset`` page through them."""
+    state = request.args.get("state")
+    if state is not None and state not in {s.value for s in JobState}:
+        raise ApiError(400, f"state must be one of {', '.join(s.value for s in JobState)}")
+    limit, offset = _int_arg("limit", 50, 1, MAX_PAGE), _int_arg("offset", 0, 0, 10**9)
+    records = client().jobs(state, limit=limit, offset=offset)
+    following = offset + limit if len(records) == limit else None
+    return jsonify(jobs=[record.as_json() for record in records], next_offset=following)
+
+
+@api.post("/jobs")
+@requires("submitter")
+def submit() -> tuple[Response, int]:
+    """Queue a command job; answers its id (201)."""
+    body: SubmitRequest = _body(SubmitRequest)
+    fields = body.model_dump(exclude={"requirements"})
+    job = client().submit(**fields, **body.requirements)
+    return jsonify(id=job.id), 201
+
+
+@api.get("/jobs/<job_id>")
+@requires("viewer")
+def job_detail(job_id: str) -> Response:
+    """The job's record, with each attempt and, while it is queued, why each worker is not running it."""
+    job = client().get(job_id)
+    data = job.status().as_json()
+    data["reasons"] = [r.model_dump() for r in job.why().reasons] if data["state"] == "queued" else []
+    return jsonify(data)
+
+
+@api.post("/jobs/<job_id>/cancel")
+@requires("submitter")
+def cancel(job_id: str) -> Response:
+    """Cancel the job; 409 if it had already ended."""
+    job = client().get(job_id)
+    if not job.cancel():
+        raise ApiError(409, f"job {job_id} had already ended ({job.status().state.value})")
+    return jsonify(id=job_id, state=job.status().state.value)
+
+
+@api.get("/jobs/<job_id>/logs")
+@requires("viewer")
+def logs(job_id: str) -> Response:
+    """Stored log lines after the line ``after`` (an id from a page before), at most ``limit``;
+    ``rank`` keeps one rank's lines of a gang job."""
+    after = request.args.get("after", "0-0")
+    if not all(part.isdigit() for part in after.split("-", 1)) or after.count("-") != 1:
+        raise ApiError(400, "after must be a line id like 1732900000000-0")
+    rank = request.args.get("rank")
+    if rank is not None and not rank.isdigit():
+        raise ApiError(400, "rank must be a whole number")
+    page = client().get(job_id).log_page(after, _int_arg("limit", MAX_PAGE, 1, MAX_PAGE))
+    lines = [
+        {"id": line_id, **line.model_dump(mode="json")}
+        for line_id, line in page
+        if rank is None or line.rank == int(rank)
+    ]
+    return jsonify(lines=lines, next_after=page[-1][0] if page else after)
+
+
+@api.get("/jobs/<job_id>/outputs")
+@requires("viewer")
+def outputs(job_id: str) -> Response:
+    """The job's outputs, as the gzip-compressed tar archive it stored."""
+    record = client().get(job_id).status()
+    if not record.state.is_terminal:
+        raise ApiError(409, f"job {job_id} is {record.state.value}; outputs are uploaded when it ends")
+    spooled = tempfile.SpooledTemporaryFile(_SPOOL)  # noqa: SIM115 - send_file closes it
+    try:
+        client().get(job_id).outputs_archive(spooled)
+    except OutputNotProduced as exc:
+        spooled.close()
+        raise ApiError(404, str(exc)) from None
+    spooled.seek(0)
+    return send_file(spooled, mimetype="application/gzip", download_name=f"{job_id}-outputs.tar.gz")
+
+
+@api.get("/workers")
+@requires("viewer")
+def workers() -> Response:
+    """The connected workers: what each offers and what its jobs hold now."""
+    return jsonify(workers=[worker.model_dump(mode="json") for worker in client().workers()])
+
+
+@api.get("/queues")
+@requires("viewer")
+def queues() -> Response:
+    """Each queue with how many jobs wait in it, and how many gang jobs wait for workers."""
+    found, gangs = client().queues()
+    return jsonify(queues=[queue.model_dump(mode="json") for queue in found], gangs_waiting=gangs)
+
+
+@api.get("/tokens")
+@requires("admin")
+def tokens() -> Response:
+    """Every API token that still works (names, roles, times; never the tokens)."""
+    return jsonify(tokens=[token.model_dump(mode="json") for token in client().tokens()])
+
+
+@api.post("/tokens")
+@requires("admin")
+def create_token() -> tuple[Response, int]:
+    """A new token; the answer is the only time it is shown (201)."""
+    body: TokenRequest = _body(TokenRequest)
+    try:
+        seconds = parse_duration(body.expires) if isinstance(body.expires, str) else body.expires
+    except ValueError as exc:
+        raise ApiError(400, f"expires: {exc}") from None
+    token, info = client().create_token(body.name, body.role, seconds)
+    return jsonify(token=token, **info.model_dump(mode="json")), 201
+
+
+@api.delete("/tokens/<name>")
+@requires("admin")
+def revoke_token(name: str) -> Response:
+    """Revoke a token: it stops working at once."""
+    if name not in {token.name for token in client().tokens()}:
+        raise ApiError(404, f"no token named {name!r}")
+    client().revoke_token(name)
+    return jsonify(revoked=name, by=g.token.name)

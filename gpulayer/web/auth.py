@@ -1,0 +1,64 @@
+"""Who may call what: every route names the least role it needs, and a request proves its role with
+``Authorization: Bearer TOKEN`` (an API token, see ``gpulayer token create``)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from flask import current_app, g, request
+
+from ..client import Client
+from ..models import Role, TokenInfo
+from .errors import ApiError
+
+F = TypeVar("F", bound=Callable[..., Any])
+#: Roles that read, submit and administer, in order: each may do what the ones before it may.
+_LADDER: tuple[Role, ...] = ("viewer", "submitter", "admin")
+#: The attribute a view's least role is kept in (read by the test that checks every route).
+ROLE_ATTRIBUTE = "gpulayer_role"
+
+
+def client() -> Client:
+    found: Client = current_app.extensions["gpulayer.client"]
+    return found
+
+
+def allowed(token: TokenInfo, needed: Role) -> bool:
+    """``metrics`` tokens read /metrics only; admins do everything; the rest go by the ladder."""
+    if token.role == "admin":
+        return True
+    if needed == "metrics" or token.role == "metrics":
+        return token.role == needed
+    return _LADDER.index(token.role) >= _LADDER.index(needed)
+
+
+def requires(role: Role) -> Callable[[F], F]:
+    """The view needs a working token whose role allows ``role``: 401 without one, 403 if too weak."""
+
+    def decorate(view: F) -> F:
+        @functools.wraps(view)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            g.token = authenticate()
+            if not allowed(g.token, role):
+                raise ApiError(
+                    403, f"this needs the {role} role; the token {g.token.name!r} is {g.token.role}"
+                )
+            return view(*args, **kwargs)
+
+        setattr(checked, ROLE_ATTRIBUTE, role)
+        return checked  # type: ignore[return-value]
+
+    return decorate
+
+
+def authenticate() -> TokenInfo:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(401, "send an API token: Authorization: Bearer TOKEN")
+    info = client().check_token(token.strip())
+    if info is None:
+        raise ApiError(401, "the token is unknown, revoked or expired")
+    return info

@@ -1,0 +1,64 @@
+"""Errors as JSON, ``{"error": "one line"}`` with a fitting status, never a traceback."""
+
+from __future__ import annotations
+
+import logging
+
+import redis.exceptions
+from flask import Flask, Response, jsonify
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+from .. import errors
+from ..models import validation_message
+
+log = logging.getLogger("gpulayer.web")
+
+#: The status each of our errors answers with (400 unless listed).
+_STATUS: dict[type[errors.GpulayerError], int] = {
+    errors.JobNotFound: 404,
+    errors.WorkerNotFound: 404,
+    errors.JobNotFinished: 409,
+    errors.OutputNotProduced: 409,
+    errors.Unschedulable: 409,
+    errors.ArtifactTooLarge: 413,
+    errors.RedisUnavailable: 503,
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _answer(status: int, message: str) -> tuple[Response, int]:
+    return jsonify(error=message), status
+
+
+def install(app: Flask) -> None:
+    @app.errorhandler(ApiError)
+    def api_error(exc: ApiError) -> tuple[Response, int]:
+        return _answer(exc.status, str(exc))
+
+    @app.errorhandler(errors.GpulayerError)
+    def gpulayer_error(exc: errors.GpulayerError) -> tuple[Response, int]:
+        status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
+        return _answer(status, str(exc))
+
+    @app.errorhandler(ValidationError)
+    def invalid(exc: ValidationError) -> tuple[Response, int]:
+        return _answer(400, f"invalid request: {validation_message(exc)}")
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[Response, int]:
+        return _answer(exc.code or 500, exc.description or exc.name)
+
+    @app.errorhandler(redis.exceptions.ConnectionError)
+    def unreachable(exc: redis.exceptions.ConnectionError) -> tuple[Response, int]:
+        return _answer(503, f"cannot reach Redis: {exc}")
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> tuple[Response, int]:
+        log.exception("unexpected error")
+        return _answer(500, "internal error; the server's log has the details")

@@ -1,0 +1,292 @@
+"""The HTTP API with Flask's test client over a real Redis (and real workers where jobs must run),
+and `gpulayer server` as a real process."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from click.testing import Result
+from flask import Flask
+from flask.testing import FlaskClient
+
+from gpulayer import Client, JobState
+from gpulayer.models import Role
+from gpulayer.server import free_port
+from gpulayer.web import create_app
+from gpulayer.web.auth import ROLE_ATTRIBUTE
+from tests.conftest import Workers, wait_for
+
+
+@pytest.fixture
+def app(client: Client) -> Flask:
+    return create_app(client)
+
+
+@pytest.fixture
+def http(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def tokens(client: Client) -> dict[str, str]:
+    """A working token of each role, by role."""
+    roles: tuple[Role, ...] = ("admin", "submitter", "viewer", "metrics")
+    return {role: client.create_token(f"t-{role}", role)[0] for role in roles}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def routes(app: Flask) -> Iterator[tuple[str, str, Role]]:
+    """Every (method, path, least role) the app serves, ids filled in."""
+    for rule in app.url_map.iter_rules():
+        if rule.endpoint == "static":
+            continue
+        view = app.view_functions[rule.endpoint]
+        path = rule.rule.replace("<job_id>", "0123456789ab").replace("<name>", "nobody")
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            yield method, path, getattr(view, ROLE_ATTRIBUTE)
+
+
+def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
+    app: Flask, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    served = list(routes(app))
+    assert len(served) >= 11
+    for method, path, role in served:
+        assert http.open(path, method=method).status_code == 401, (method, path)
+        bad = {"Authorization": "Bearer glt_not-a-token"}
+        assert http.open(path, method=method, headers=bad).status_code == 401, (method, path)
+        if role in ("submitter", "admin"):
+            assert http.open(path, method=method, headers=auth(tokens["viewer"])).status_code == 403, (
+                method,
+                path,
+            )
+        if role == "admin":
+            assert http.open(path, method=method, headers=auth(tokens["submitter"])).status_code == 403
+        if role != "metrics":
+            # A metrics token reads /metrics, nothing else.
+            assert http.open(path, method=method, headers=auth(tokens["metrics"])).status_code == 403
+    # Every mutation needs more than a viewer.
+    assert all(role != "viewer" for method, _, role in served if method != "GET")
+
+
+def test_a_revoked_or_expired_token_stops_working_at_once(
+    client: Client, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    viewer = auth(tokens["viewer"])
+    assert http.get("/api/v1/jobs", headers=viewer).status_code == 200
+    assert http.delete("/api/v1/tokens/t-viewer", headers=auth(tokens["admin"])).status_code == 200
+    answer = http.get("/api/v1/jobs", headers=viewer)
+    assert (answer.status_code, answer.json) == (401, {"error": "the token is unknown, revoked or expired"})
+    brief, _ = client.create_token("brief", "viewer", expires_in=0.2)
+    assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 200
+    time.sleep(0.3)
+    assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 401
+
+
+def test_jobs_are_listed_newest_first_a_page_at_a_time(
+    client: Client, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    ids = [client.submit(["echo", str(n)]).id for n in range(5)]
+    viewer = auth(tokens["viewer"])
+    first = http.get("/api/v1/jobs?limit=2", headers=viewer).json
+    assert first is not None
+    assert [job["id"] for job in first["jobs"]] == ids[::-1][:2]
+    assert first["next_offset"] == 2
+    rest = http.get("/api/v1/jobs?limit=10&offset=2&state=queued", headers=viewer).json
+    assert rest is not None
+    assert ([job["id"] for job in rest["jobs"]], rest["next_offset"]) == (ids[::-1][2:], None)
+    assert rest["jobs"][0]["spec"] == {"command": ["echo", "2"]}
+    for query, message in (
+        ("state=lost", "state must be one of queued, scheduled"),
+        ("limit=0", "limit must be a whole number from 1 to 1000"),
+        ("offset=-1", "offset must be a whole number"),
+    ):
+        answer = http.get(f"/api/v1/jobs?{query}", headers=viewer)
+        assert answer.status_code == 400
+        assert answer.json is not None
+        assert answer.json["error"].startswith(message)
+
+
+def test_submit_validates_with_the_same_models_and_writes_nothing_when_refused(
+    http: FlaskClient, tokens: dict[str, str], raw_redis: redis.Redis
+) -> None:
+    submitter = auth(tokens["submitter"])
+    before = raw_redis.dbsize()
+    for body, status, message in (
+        ({}, 400, "invalid request: command: Field required"),
+        (
+            {"command": ["true"], "colour": "red"},
+            400,
+            "invalid request: colour: Extra inputs are not permitted",
+        ),
+        ({"command": ["true"], "requirements": {"gpus": -1}}, 400, "invalid job: gpus: "),
+        ({"command": [""]}, 400, "invalid job: command: the command is empty"),
+        (
+            {"command": ["true"], "fail_if_unschedulable": True},
+            409,
+            "no connected worker could ever run this job",
+        ),
+    ):
+        answer = http.post("/api/v1/jobs", json=body, headers=submitter)
+        assert answer.status_code == status, answer.json
+        assert answer.json is not None
+        assert answer.json["error"].startswith(message), answer.json
+        assert "\n" not in answer.json["error"]
+    assert http.post("/api/v1/jobs", data="not json", headers=submitter).status_code == 400
+    assert raw_redis.dbsize() == before
+    created = http.post(
+        "/api/v1/jobs",
+        json={"command": "echo hi", "requirements": {"cpus": 2}, "priority": 3},
+        headers=submitter,
+    )
+    assert created.status_code == 201
+    assert created.json is not None
+    detail = http.get(f"/api/v1/jobs/{created.json['id']}", headers=auth(tokens["viewer"])).json
+    assert detail is not None
+    assert (detail["state"], detail["command"], detail["spec"]["priority"]) == ("queued", ["echo", "hi"], 3)
+    assert detail["reasons"] == [{"worker": None, "reason": "no workers are connected"}]
+
+
+def test_a_missing_job_is_404_and_cancelling_an_ended_one_is_409(
+    client: Client, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    submitter = auth(tokens["submitter"])
+    assert http.get("/api/v1/jobs/0123456789ab", headers=submitter).status_code == 404
+    job = client.submit(["true"])
+    answer = http.post(f"/api/v1/jobs/{job.id}/cancel", headers=submitter)
+    assert (answer.status_code, answer.json) == (200, {"id": job.id, "state": "cancelled"})
+    again = http.post(f"/api/v1/jobs/{job.id}/cancel", headers=submitter)
+    assert again.status_code == 409
+    assert http.get("/api/v1/nowhere", headers=submitter).json == {
+        "error": "The requested URL was not found on the server. If you entered the URL manually please "
+        "check your spelling and try again."
+    }
+    assert http.put(f"/api/v1/jobs/{job.id}", headers=submitter).status_code == 405
+
+
+def test_logs_page_by_cursor_and_outputs_download(
+    client: Client, workers: Workers, http: FlaskClient, tokens: dict[str, str], tmp_path: Path
+) -> None:
+    workers.start("w1", 1)
+    viewer = auth(tokens["viewer"])
+    job = client.submit(
+        ["sh", "-c", "for n in 1 2 3; do echo line $n; done; echo made > out.txt"], outputs=["out.txt"]
+    )
+    assert job.wait(30).state is JobState.SUCCEEDED
+    first = http.get(f"/api/v1/jobs/{job.id}/logs?limit=2", headers=viewer).json
+    assert first is not None
+    assert [line["text"] for line in first["lines"]] == ["line 1", "line 2"]
+    rest = http.get(f"/api/v1/jobs/{job.id}/logs?after={first['next_after']}", headers=viewer).json
+    assert rest is not None
+    assert [line["text"] for line in rest["lines"]] == ["line 3"]
+    assert http.get(f"/api/v1/jobs/{job.id}/logs?after=x", headers=viewer).status_code == 400
+    archive = http.get(f"/api/v1/jobs/{job.id}/outputs", headers=viewer)
+    assert (archive.status_code, archive.mimetype) == (200, "application/gzip")
+    with tarfile.open(fileobj=io.BytesIO(archive.data), mode="r:gz") as tar:
+        member = tar.extractfile("out.txt")
+        assert member is not None
+        assert member.read() == b"made\n"
+    waiting = client.submit(["true"], labels={"zone": "mars"})
+    assert http.get(f"/api/v1/jobs/{waiting.id}/outputs", headers=viewer).status_code == 409
+    plain = client.submit(["true"])
+    assert plain.wait(30).state is JobState.SUCCEEDED
+    assert http.get(f"/api/v1/jobs/{plain.id}/outputs", headers=viewer).status_code == 404
+
+
+def test_workers_queues_and_tokens(
+    client: Client, workers: Workers, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    workers.start("w1", 2)
+    viewer, admin = auth(tokens["viewer"]), auth(tokens["admin"])
+    listed = http.get("/api/v1/workers", headers=viewer).json
+    assert listed is not None
+    assert [(w["name"], w["slots"]) for w in listed["workers"]] == [("w1", 2)]
+    client.submit(["true"], labels={"zone": "mars"})
+    client.submit(["true"], nodes=2)
+    queues = http.get("/api/v1/queues", headers=viewer).json
+    assert queues is not None
+    assert [(q["requirements"]["labels"], q["depth"]) for q in queues["queues"]] == [({"zone": "mars"}, 1)]
+    assert queues["gangs_waiting"] == 1
+    made = http.post(
+        "/api/v1/tokens", json={"name": "ci", "role": "submitter", "expires": "30d"}, headers=admin
+    )
+    assert made.status_code == 201
+    assert made.json is not None
+    assert made.json["token"].startswith("glt_")
+    assert client.check_token(made.json["token"]) is not None
+    listed_tokens = http.get("/api/v1/tokens", headers=admin).json
+    assert listed_tokens is not None
+    assert "ci" in [t["name"] for t in listed_tokens["tokens"]]
+    assert all("token" not in t for t in listed_tokens["tokens"])
+    taken = http.post("/api/v1/tokens", json={"name": "ci", "role": "viewer"}, headers=admin)
+    assert (taken.status_code, taken.json) == (400, {"error": "a token named 'ci' exists; revoke it first"})
+    assert http.post("/api/v1/tokens", json={"name": "x", "role": "root"}, headers=admin).status_code == 400
+    assert http.delete("/api/v1/tokens/ci", headers=admin).status_code == 200
+    assert http.delete("/api/v1/tokens/ci", headers=admin).status_code == 404
+
+
+def test_tokens_from_the_command_line(cli: Callable[..., Result], client: Client) -> None:
+    made = cli("token", "create", "--name", "laptop", "--role", "viewer", "--expires", "1d")
+    assert made.exit_code == 0
+    secret = made.stdout.strip()
+    assert secret.startswith("glt_")
+    info = client.check_token(secret)
+    assert info is not None
+    assert (info.name, info.role) == ("laptop", "viewer")
+    assert "laptop  viewer" in cli("token", "list").output
+    again = cli("token", "create", "--name", "laptop", "--role", "viewer")
+    assert (again.exit_code, again.output.strip()) == (
+        2,
+        "Error: a token named 'laptop' exists; revoke it first",
+    )
+    bad = cli("token", "create", "--name", "bad name", "--role", "viewer")
+    assert bad.exit_code == 2
+    assert bad.output.startswith("Error: invalid token: name: String should match pattern")
+    assert cli("token", "revoke", "laptop").exit_code == 0
+    assert client.check_token(secret) is None
+    assert cli("token", "revoke", "laptop").exit_code == 2
+
+
+def test_the_server_command_serves_the_api_with_gunicorn(env: dict[str, str], client: Client) -> None:
+    token, _ = client.create_token("served", "viewer")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/api/v1/jobs", headers=auth(token))
+
+        def answers() -> Any:
+            try:
+                with urllib.request.urlopen(request, timeout=2) as response:
+                    return json.load(response)
+            except (urllib.error.URLError, ConnectionError):
+                assert server.poll() is None, server.stdout.read() if server.stdout else ""
+                return None
+
+        wait_for(answers, what="the server to answer")
+        assert answers() == {"jobs": [], "next_offset": None}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/jobs", timeout=2)
+        assert refused.value.code == 401
+    finally:
+        server.terminate()
+        server.wait(20)
