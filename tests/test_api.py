@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,9 @@ import redis
 from click.testing import Result
 from flask import Flask
 from flask.testing import FlaskClient
+from simple_websocket import Client as Client_
+from simple_websocket import ConnectionClosed
+from simple_websocket import ConnectionError as Refused
 
 from gpulayer import Client, JobState
 from gpulayer.models import Role
@@ -50,38 +54,45 @@ def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def routes(app: Flask) -> Iterator[tuple[str, str, Role]]:
-    """Every (method, path, least role) the app serves, ids filled in."""
+#: What a websocket route needs to be reached at all (without it, routing answers 400).
+UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade"}
+
+
+def routes(app: Flask) -> Iterator[tuple[str, str, Role, dict[str, str]]]:
+    """Every (method, path, least role, headers to reach it) the app serves, ids filled in."""
     for rule in app.url_map.iter_rules():
         if rule.endpoint == "static":
             continue
         view = app.view_functions[rule.endpoint]
         path = rule.rule.replace("<job_id>", "0123456789ab").replace("<name>", "nobody")
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            yield method, path, getattr(view, ROLE_ATTRIBUTE)
+            yield method, path, getattr(view, ROLE_ATTRIBUTE), UPGRADE if rule.websocket else {}
 
 
 def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
     app: Flask, http: FlaskClient, tokens: dict[str, str]
 ) -> None:
     served = list(routes(app))
-    assert len(served) >= 11
-    for method, path, role in served:
-        assert http.open(path, method=method).status_code == 401, (method, path)
-        bad = {"Authorization": "Bearer glt_not-a-token"}
-        assert http.open(path, method=method, headers=bad).status_code == 401, (method, path)
+    assert len(served) >= 12
+    for method, path, role, reach in served:
+
+        def status(
+            token: str | None = None, method: str = method, path: str = path, reach: dict[str, str] = reach
+        ) -> int:
+            headers = {**reach, **(auth(token) if token else {})}
+            return http.open(path, method=method, headers=headers).status_code
+
+        assert status() == 401, (method, path)
+        assert status("glt_not-a-token") == 401, (method, path)
         if role in ("submitter", "admin"):
-            assert http.open(path, method=method, headers=auth(tokens["viewer"])).status_code == 403, (
-                method,
-                path,
-            )
+            assert status(tokens["viewer"]) == 403, (method, path)
         if role == "admin":
-            assert http.open(path, method=method, headers=auth(tokens["submitter"])).status_code == 403
+            assert status(tokens["submitter"]) == 403, (method, path)
         if role != "metrics":
             # A metrics token reads /metrics, nothing else.
-            assert http.open(path, method=method, headers=auth(tokens["metrics"])).status_code == 403
+            assert status(tokens["metrics"]) == 403, (method, path)
     # Every mutation needs more than a viewer.
-    assert all(role != "viewer" for method, _, role in served if method != "GET")
+    assert all(role != "viewer" for method, _, role, _ in served if method != "GET")
 
 
 def test_a_revoked_or_expired_token_stops_working_at_once(
@@ -290,3 +301,76 @@ def test_the_server_command_serves_the_api_with_gunicorn(env: dict[str, str], cl
     finally:
         server.terminate()
         server.wait(20)
+
+
+@pytest.fixture
+def served(app: Flask) -> Iterator[str]:
+    """The app on a real server thread (websockets need one): its host:port."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", free_port(), app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    app.extensions["gpulayer.hub"].stop()
+
+
+def receive_all(ws: Any, timeout: float = 30) -> list[dict[str, Any]]:
+    """Messages until the end message (included) or the socket closes."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            message = ws.receive(timeout=1)
+        except ConnectionClosed:
+            return got
+        if message is None:
+            continue
+        got.append(json.loads(message))
+        if "end" in got[-1]:
+            return got
+    raise AssertionError(f"no end after {timeout} s: {got}")
+
+
+def test_a_log_websocket_sends_the_stored_lines_then_the_new_ones_as_printed(
+    client: Client, workers: Workers, served: str, tokens: dict[str, str]
+) -> None:
+    workers.start("w1", 1)
+    job = client.submit(["sh", "-c", "echo first; sleep 1; echo second; sleep 0.5; echo third"])
+    wait_for(lambda: [line.text for line in job.logs()] == ["first"], what="the first line")
+    ws = Client_.connect(f"ws://{served}/ws/jobs/{job.id}/logs", headers=auth(tokens["viewer"]))
+    got = receive_all(ws)
+    assert [m.get("text") for m in got] == ["first", "second", "third", None]
+    assert got[-1] == {"end": "succeeded"}
+    assert all(m["id"] for m in got[:-1])
+    # A job that already ended: its whole log, then the end.
+    again = Client_.connect(
+        f"ws://{served}/ws/jobs/{job.id}/logs?after={got[0]['id']}", headers=auth(tokens["viewer"])
+    )
+    assert [m.get("text") for m in receive_all(again)] == ["second", "third", None]
+
+
+def test_a_log_websocket_refuses_another_origin_and_closes_when_its_token_is_revoked(
+    client: Client, served: str, tokens: dict[str, str]
+) -> None:
+    job = client.submit(["true"], labels={"zone": "mars"})  # waits: nothing ends it
+    url = f"ws://{served}/ws/jobs/{job.id}/logs"
+    with pytest.raises(Refused):
+        Client_.connect(url, headers={**auth(tokens["viewer"]), "Origin": "http://evil.example"})
+    with pytest.raises(Refused):
+        Client_.connect(url)
+    with pytest.raises(Refused):
+        Client_.connect(url, headers=auth(tokens["metrics"]))
+    ws = Client_.connect(url, headers={**auth(tokens["viewer"]), "Origin": f"http://{served}"})
+    time.sleep(0.3)
+    client.revoke_token("t-viewer")
+    started = time.monotonic()
+
+    def drain() -> None:
+        while time.monotonic() - started < 10:
+            ws.receive(timeout=1)
+
+    with pytest.raises(ConnectionClosed):
+        drain()
+    assert time.monotonic() - started < 3

@@ -55,7 +55,12 @@ class LogStore:
                 self._keys.logs(job_id), f"({after}" if after != "0-0" else "-", "+", count=limit
             ),
         )
-        return [(entry_id.decode(), _line(entry_id, fields)) for entry_id, fields in raw]
+        return [parse_entry(entry_id, fields) for entry_id, fields in raw]
+
+
+def parse_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[str, LogLine]:
+    """A stream entry as (its id, the line)."""
+    return entry_id.decode(), _line(entry_id, fields)
 
 
 def _line(entry_id: bytes, fields: dict[bytes, bytes]) -> LogLine:

@@ -5,15 +5,20 @@ from __future__ import annotations
 from flask import Flask
 
 from ..client import Client
-from . import errors
+from . import errors, sockets
 from .api import api
+from .hub import LazyHub
 
 
 def create_app(client: Client | None = None) -> Flask:
-    """The app, over ``client`` (default: a :class:`Client` with the default connection)."""
+    """The app, over ``client`` (default: a :class:`Client` with the default connection). Its log
+    hub thread starts with the first websocket."""
     app = Flask("gpulayer.web")
     app.json.sort_keys = False  # type: ignore[attr-defined]  # fields in the models' order
-    app.extensions["gpulayer.client"] = client or Client()
+    connected = client or Client()
+    app.extensions["gpulayer.client"] = connected
+    app.extensions["gpulayer.hub"] = LazyHub(connected)
     app.register_blueprint(api)
+    sockets.install(app)
     errors.install(app)
     return app

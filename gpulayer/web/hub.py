@@ -1,0 +1,174 @@
+"""Live log lines for every websocket of one server process, from one Redis connection.
+
+One thread reads the log streams of all the jobs being watched in a single blocking ``XREAD`` and
+hands each line to every socket watching that job; a socket that joins late first gets the lines
+the hub had already passed. It also listens for revoked tokens, and closes their sockets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+from redis import Redis
+
+from ..client import Client
+from ..models import LogLine
+from ..store.keys import Keys
+from ..store.logs import parse_entry
+
+log = logging.getLogger("gpulayer.web")
+#: How long one read blocks (ms): how soon a newly watched job is read from.
+_BLOCK_MS = 100
+#: Lines read per stream per round.
+_COUNT = 500
+
+#: What a watcher receives: a line with its id, the job's end (its final state), or its token's revocation.
+Event = tuple[str, Any]
+
+
+@dataclasses.dataclass(eq=False)
+class Watcher:
+    """One websocket following one job's log."""
+
+    job_id: str
+    token: str
+    inbox: queue.Queue[Event] = dataclasses.field(default_factory=queue.Queue)
+
+
+class LogHub(threading.Thread):
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        super().__init__(name="gpulayer-log-hub", daemon=True)
+        self._redis = redis
+        self._keys = keys
+        self._lock = threading.Lock()
+        self._joining: list[tuple[Watcher, str]] = []
+        self._leaving: list[Watcher] = []
+        #: Per watched job: the id of the last line handed out, and who watches it.
+        self._cursors: dict[str, str] = {}
+        self._watchers: dict[str, list[Watcher]] = {}
+        self._stopping = threading.Event()
+
+    def watch(self, job_id: str, token: str, after: str = "0-0") -> Watcher:
+        """Follow a job's log from the line after ``after``; read the watcher's inbox."""
+        watcher = Watcher(job_id, token)
+        with self._lock:
+            self._joining.append((watcher, after))
+        return watcher
+
+    def leave(self, watcher: Watcher) -> None:
+        with self._lock:
+            self._leaving.append(watcher)
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        revoked = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        revoked.subscribe(self._keys.tokens_revoked)
+        while not self._stopping.is_set():
+            try:
+                self._admit()
+                self._read()
+                self._revocations(revoked.get_message)
+            except Exception:  # the hub must outlive any one bad read; sockets retry through it
+                log.exception("the log hub failed a round; going on")
+                self._stopping.wait(1.0)
+
+    def _admit(self) -> None:
+        with self._lock:
+            joining, self._joining = self._joining, []
+            leaving, self._leaving = self._leaving, []
+        for watcher in leaving:
+            remaining = [w for w in self._watchers.get(watcher.job_id, []) if w is not watcher]
+            if remaining:
+                self._watchers[watcher.job_id] = remaining
+            else:
+                self._watchers.pop(watcher.job_id, None)
+                self._cursors.pop(watcher.job_id, None)
+        for watcher, after in joining:
+            job = watcher.job_id
+            if job in self._cursors:
+                # Late: it first gets what the hub already handed out after its own cursor.
+                for line_id, line in self._page(job, after, self._cursors[job]):
+                    watcher.inbox.put(("line", (line_id, line)))
+            else:
+                self._cursors[job] = after
+            self._watchers.setdefault(job, []).append(watcher)
+
+    def _page(self, job_id: str, after: str, until: str) -> list[tuple[str, LogLine]]:
+        raw = cast(
+            list[tuple[bytes, dict[bytes, bytes]]],
+            self._redis.xrange(self._keys.logs(job_id), f"({after}" if after != "0-0" else "-", until),
+        )
+        return [parse_entry(entry_id, fields) for entry_id, fields in raw]
+
+    def _read(self) -> None:
+        if not self._cursors:
+            self._stopping.wait(_BLOCK_MS / 1000)
+            return
+        streams: dict[str, str] = {}
+        for job, cursor in self._cursors.items():
+            streams[self._keys.logs(job)] = cursor
+            streams[self._keys.done(job)] = "0-0"
+        reply = cast(
+            list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]],
+            self._redis.xread(streams, count=_COUNT, block=_BLOCK_MS),  # type: ignore[arg-type]
+        )
+        ended: dict[str, str] = {}
+        by_key = {self._keys.logs(job): job for job in self._cursors}
+        done_keys = {self._keys.done(job): job for job in self._cursors}
+        for key, entries in reply:
+            name = key.decode()
+            if name in done_keys:
+                ended[done_keys[name]] = entries[0][1][b"state"].decode()
+                continue
+            job = by_key[name]
+            for entry_id, fields in entries:
+                line = parse_entry(entry_id, fields)
+                for watcher in self._watchers.get(job, []):
+                    watcher.inbox.put(("line", line))
+                self._cursors[job] = line[0]
+        for job, state in ended.items():
+            # Its last lines may still be unread this round: only once a read finds none is it over.
+            if not any(name == self._keys.logs(job) for name in (k.decode() for k, _ in reply)):
+                for watcher in self._watchers.pop(job, []):
+                    watcher.inbox.put(("end", state))
+                self._cursors.pop(job, None)
+
+    def _revocations(self, get_message: Callable[..., dict[str, Any] | None]) -> None:
+        while (message := get_message(timeout=0)) is not None:
+            name = message["data"].decode()
+            for watchers in self._watchers.values():
+                for watcher in watchers:
+                    if watcher.token == name:
+                        watcher.inbox.put(("revoked", name))
+
+
+class LazyHub:
+    """The app's hub, started by the first socket that needs it: in the process that serves it, not
+    in one that forks servers later (threads do not survive a fork)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._hub: LogHub | None = None
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Stop the hub thread, if it runs (it starts again when needed)."""
+        with self._lock:
+            if self._hub is not None:
+                self._hub.stop()
+                self._hub.join(5)
+                self._hub = None
+
+    def get(self) -> LogHub:
+        with self._lock:
+            if self._hub is None or not self._hub.is_alive():
+                self._hub = LogHub(self._client.redis, self._client.keys)
+                self._hub.start()
+            return self._hub

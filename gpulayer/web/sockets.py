@@ -1,0 +1,81 @@
+"""Websockets: ``/ws/jobs/<id>/logs`` sends a job's log lines, those stored first, then each new one
+as it is printed, until the job ends. Its token and the request's Origin are checked before the
+connection is upgraded; revoking the token closes it."""
+
+from __future__ import annotations
+
+import json
+import queue
+from typing import Any
+from urllib.parse import urlsplit
+
+from flask import Blueprint, Flask, current_app, g, request
+from flask_sock import Sock
+
+from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client
+from .errors import ApiError
+from .hub import LazyHub, LogHub
+
+sockets = Blueprint("sockets", __name__, url_prefix="/ws")
+sock = Sock()
+#: How often (s) a socket with nothing to send checks that its client is still there.
+_IDLE = 1.0
+
+
+@sockets.before_request
+def _check() -> None:
+    """Before the upgrade: a same-origin page (or a client that sends no Origin), and a token that
+    may read."""
+    origin = request.headers.get("Origin")
+    if origin is not None and not _same_origin(origin, request.host):
+        raise ApiError(403, f"websockets from {origin} are not accepted here")
+    g.token = authenticate()
+    if not allowed(g.token, "viewer"):
+        raise ApiError(403, f"this needs the viewer role; the token {g.token.name!r} is {g.token.role}")
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether a page from ``origin`` is this server's (``host``: the Host header, a port or not)."""
+    page = urlsplit(origin)
+    return page.netloc == host if ":" in host else page.hostname == host
+
+
+def hub() -> LogHub:
+    lazy: LazyHub = current_app.extensions["gpulayer.hub"]
+    return lazy.get()
+
+
+@sock.route("/jobs/<job_id>/logs", bp=sockets)  # type: ignore[untyped-decorator]
+def job_logs(ws: Any, job_id: str) -> None:
+    """``?rank=R`` keeps one rank of a gang job; ``?after=ID`` starts after that line."""
+    client().get(job_id)  # 404 (as a close) for a job that does not exist
+    rank = request.args.get("rank")
+    watcher = hub().watch(job_id, g.token.name, request.args.get("after", "0-0"))
+    try:
+        while True:
+            try:
+                kind, value = watcher.inbox.get(timeout=_IDLE)
+            except queue.Empty:
+                ws.receive(timeout=0)  # raises once the client has gone
+                continue
+            if kind == "line":
+                line_id, line = value
+                if rank is None or str(line.rank) == rank:
+                    ws.send(json.dumps({"id": line_id, **line.model_dump(mode="json")}))
+            elif kind == "end":
+                ws.send(json.dumps({"end": value}))
+                return
+            else:
+                ws.close(reason=1008, message="token revoked")
+                return
+    finally:
+        hub().leave(watcher)
+
+
+def install(app: Flask) -> None:
+    """Serve the websockets; each needs the viewer role (checked before the upgrade, above)."""
+    sock.init_app(app)
+    app.register_blueprint(sockets)
+    for endpoint, view in app.view_functions.items():
+        if endpoint.startswith(f"{sockets.name}."):
+            setattr(view, ROLE_ATTRIBUTE, "viewer")
