@@ -242,6 +242,10 @@ class Client:
         """The newest jobs first, all or in one state; ``offset`` skips that many (paging)."""
         return self._jobs.list(JobState(state) if state else None, limit, offset)
 
+    def job_counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (ended ones until their retention)."""
+        return self._jobs.counts()
+
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self._workers.list()

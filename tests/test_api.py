@@ -73,7 +73,7 @@ def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
     app: Flask, http: FlaskClient, tokens: dict[str, str]
 ) -> None:
     served = list(routes(app))
-    assert len(served) >= 12
+    assert len(served) >= 13
     for method, path, role, reach in served:
 
         def status(
@@ -84,7 +84,7 @@ def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
 
         assert status() == 401, (method, path)
         assert status("glt_not-a-token") == 401, (method, path)
-        if role in ("submitter", "admin"):
+        if role in ("submitter", "admin", "metrics"):
             assert status(tokens["viewer"]) == 403, (method, path)
         if role == "admin":
             assert status(tokens["submitter"]) == 403, (method, path)
@@ -374,3 +374,24 @@ def test_a_log_websocket_refuses_another_origin_and_closes_when_its_token_is_rev
     with pytest.raises(ConnectionClosed):
         drain()
     assert time.monotonic() - started < 3
+
+
+def test_metrics_for_prometheus(
+    client: Client, workers: Workers, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    workers.start("w1", 2, "--fake-gpus", json.dumps([{"name": "NVIDIA A100", "memory_gb": 80}]))
+    assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+    client.submit(["true"], labels={"zone": "mars"})
+    for role in ("metrics", "admin"):
+        answer = http.get("/metrics", headers=auth(tokens[role]))
+        assert answer.status_code == 200
+    text = answer.get_data(as_text=True)
+    assert answer.mimetype == "text/plain"
+    lines = set(text.splitlines())
+    assert 'gpulayer_jobs{state="succeeded"} 1.0' in lines
+    assert 'gpulayer_jobs{state="queued"} 1.0' in lines
+    assert "gpulayer_workers 1.0" in lines
+    assert 'gpulayer_worker_cpu_slots{use="free",worker="w1"} 2.0' in lines
+    assert 'gpulayer_worker_gpus{use="free",worker="w1"} 1.0' in lines
+    assert any(line.startswith("gpulayer_queue_depth{queue=") and line.endswith(" 1.0") for line in lines)
+    assert http.get("/metrics", headers=auth(tokens["viewer"])).status_code == 403

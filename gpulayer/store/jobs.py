@@ -162,6 +162,13 @@ class JobStore:
             if not self._redis.exists(self._keys.job(job_id)):
                 return False
 
+    def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state (ended ones until their ids are pruned), in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        for state in JobState:
+            pipe.zcard(self._keys.jobs_in(state.value))
+        return dict(zip(JobState, pipe.execute(), strict=True))
+
     def list(self, state: JobState | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
         """The newest ``limit`` jobs after the first ``offset``, in one state or all. Ids of expired
         jobs are dropped from the index."""

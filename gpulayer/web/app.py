@@ -8,6 +8,7 @@ from ..client import Client
 from . import errors, sockets
 from .api import api
 from .hub import LazyHub
+from .metrics import metrics
 
 
 def create_app(client: Client | None = None) -> Flask:
@@ -19,6 +20,7 @@ def create_app(client: Client | None = None) -> Flask:
     app.extensions["gpulayer.client"] = connected
     app.extensions["gpulayer.hub"] = LazyHub(connected)
     app.register_blueprint(api)
+    app.register_blueprint(metrics)
     sockets.install(app)
     errors.install(app)
     return app
