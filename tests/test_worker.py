@@ -92,7 +92,8 @@ def test_a_second_sigterm_stops_jobs_and_puts_them_back_in_their_queue(
     job = client.submit(["sleep", "300"])
     wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
     process.send_signal(signal.SIGTERM)
-    wait_for(lambda: client.workers()[0].state == "busy", what="the warm shutdown")
+    # Only once the first is handled does a second one mean "stop now".
+    wait_for(lambda: "then stopping; signal again" in workers.log("w1"), what="the warm shutdown")
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     record = job.status()
