@@ -272,6 +272,21 @@ class Client:
         """The record of ``token`` if it works (exists, not revoked, not expired), else None."""
         return self._tokens.check(token)
 
+    def check_token_digest(self, digest: str) -> TokenInfo | None:
+        """:meth:`check_token` by the token's SHA-256, as a browser session keeps it."""
+        return self._tokens.check_digest(digest)
+
+    def record_failed_login(self, address: str, window: int) -> int:
+        """Count a failed login from ``address``; returns how many there were in the last ``window`` s."""
+        return self._tokens.failed_login(address, window)
+
+    def failed_logins(self, address: str) -> int:
+        return self._tokens.login_failures(address)
+
+    def session_key(self) -> bytes:
+        """The key the web server signs browser sessions with, the same for all its processes."""
+        return self._tokens.session_key()
+
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
         ``requeue`` stops them and puts them back in their queues. :class:`WorkerNotFound` if no

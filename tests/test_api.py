@@ -66,13 +66,19 @@ def routes(app: Flask) -> Iterator[tuple[str, str, Role, dict[str, str]]]:
         view = app.view_functions[rule.endpoint]
         path = rule.rule.replace("<job_id>", "0123456789ab").replace("<name>", "nobody")
         for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
-            yield method, path, getattr(view, ROLE_ATTRIBUTE), UPGRADE if rule.websocket else {}
+            yield method, path, getattr(view, ROLE_ATTRIBUTE, None), UPGRADE if rule.websocket else {}
+
+
+#: The routes anyone may call: logging in and out.
+PUBLIC = {("POST", "/login"), ("POST", "/logout")}
 
 
 def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
     app: Flask, http: FlaskClient, tokens: dict[str, str]
 ) -> None:
-    served = list(routes(app))
+    everything = list(routes(app))
+    assert {(method, path) for method, path, role, _ in everything if role is None} == PUBLIC
+    served = [(method, path, role, reach) for method, path, role, reach in everything if role is not None]
     assert len(served) >= 13
     for method, path, role, reach in served:
 
@@ -334,7 +340,7 @@ def receive_all(ws: Any, timeout: float = 30) -> list[dict[str, Any]]:
 
 
 def test_a_log_websocket_sends_the_stored_lines_then_the_new_ones_as_printed(
-    client: Client, workers: Workers, served: str, tokens: dict[str, str]
+    app: Flask, client: Client, workers: Workers, served: str, tokens: dict[str, str]
 ) -> None:
     workers.start("w1", 1)
     job = client.submit(["sh", "-c", "echo first; sleep 1; echo second; sleep 0.5; echo third"])
@@ -344,6 +350,12 @@ def test_a_log_websocket_sends_the_stored_lines_then_the_new_ones_as_printed(
     assert [m.get("text") for m in got] == ["first", "second", "third", None]
     assert got[-1] == {"end": "succeeded"}
     assert all(m["id"] for m in got[:-1])
+    # A browser's session cookie opens one too.
+    cookie = app.test_client().post("/login", json={"token": tokens["viewer"]}).headers["Set-Cookie"]
+    browser = Client_.connect(
+        f"ws://{served}/ws/jobs/{job.id}/logs", headers={"Cookie": cookie.split(";", 1)[0]}
+    )
+    assert [m.get("text") for m in receive_all(browser)] == ["first", "second", "third", None]
     # A job that already ended: its whole log, then the end.
     again = Client_.connect(
         f"ws://{served}/ws/jobs/{job.id}/logs?after={got[0]['id']}", headers=auth(tokens["viewer"])
@@ -395,3 +407,43 @@ def test_metrics_for_prometheus(
     assert 'gpulayer_worker_gpus{use="free",worker="w1"} 1.0' in lines
     assert any(line.startswith("gpulayer_queue_depth{queue=") and line.endswith(" 1.0") for line in lines)
     assert http.get("/metrics", headers=auth(tokens["viewer"])).status_code == 403
+
+
+def test_a_browser_logs_in_with_a_token_and_its_session_needs_csrf_for_changes(
+    client: Client, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    assert http.post("/login", json={"token": "glt_wrong"}).status_code == 401
+    answer = http.post("/login", data={"token": tokens["submitter"]})
+    assert answer.status_code == 200
+    assert answer.json is not None
+    csrf = answer.json["csrf_token"]
+    cookie = answer.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=Strict" in cookie
+    assert tokens["submitter"] not in cookie
+    assert http.get("/api/v1/jobs").status_code == 200
+    refused = http.post("/api/v1/jobs", json={"command": ["true"]})
+    assert (refused.status_code, refused.json) == (
+        403,
+        {"error": "missing or wrong CSRF token (X-CSRF-Token header or csrf_token field)"},
+    )
+    assert (
+        http.post("/api/v1/jobs", json={"command": ["true"]}, headers={"X-CSRF-Token": "nope"}).status_code
+        == 403
+    )
+    assert (
+        http.post("/api/v1/jobs", json={"command": ["true"]}, headers={"X-CSRF-Token": csrf}).status_code
+        == 201
+    )
+    client.revoke_token("t-submitter")
+    assert http.get("/api/v1/jobs").status_code == 401
+    assert http.post("/logout").status_code == 200
+
+
+def test_failed_logins_are_limited_per_address(http: FlaskClient, tokens: dict[str, str]) -> None:
+    for _ in range(10):
+        assert http.post("/login", json={"token": "glt_guess"}).status_code == 401
+    answer = http.post("/login", json={"token": tokens["viewer"]})
+    assert answer.status_code == 429
+    assert answer.json is not None
+    assert answer.json["error"].startswith("too many failed logins from 127.0.0.1")

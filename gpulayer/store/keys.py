@@ -52,6 +52,8 @@ class Keys:
         self.tokens = f"{prefix}:tokens"
         #: Channel a token's name is published on when it is revoked (open websockets close).
         self.tokens_revoked = f"{prefix}:tokens:revoked"
+        #: The key the web server signs browser sessions with (random, made once).
+        self.web_secret = f"{prefix}:web:secret"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.
@@ -164,6 +166,10 @@ class Keys:
 
     def wake(self, queue_name: str) -> str:
         return self._key("wake", queue_name)
+
+    def login_failures(self, client: str) -> str:
+        """Failed logins from one address in the current window (a counter with a TTL)."""
+        return f"{self.prefix}:login-failures:{client}"
 
     def token(self, digest: str) -> str:
         """An API token's record (name, role, times), by the token's SHA-256; it expires with the token."""

@@ -63,7 +63,11 @@ class TokenStore:
 
     def check(self, token: str) -> TokenInfo | None:
         """The token's record, if it exists, is not revoked and has not expired."""
-        raw = self._redis.get(self._keys.token(token_hash(token)))
+        return self.check_digest(token_hash(token))
+
+    def check_digest(self, digest: str) -> TokenInfo | None:
+        """:meth:`check` by the token's SHA-256 (what a browser session keeps instead of the token)."""
+        raw = self._redis.get(self._keys.token(digest))
         if raw is None:
             return None
         info = TokenInfo.model_validate_json(cast(bytes, raw))
@@ -95,3 +99,20 @@ class TokenStore:
         pipe.publish(self._keys.tokens_revoked, name)
         pipe.execute()
         return True
+
+    def failed_login(self, client: str, window: int) -> int:
+        """Count a failed login from ``client`` (an address); how many in the last ``window`` seconds."""
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.incr(self._keys.login_failures(client))
+        pipe.expire(self._keys.login_failures(client), window, nx=True)
+        count, _ = pipe.execute()
+        return int(count)
+
+    def login_failures(self, client: str) -> int:
+        return int(cast(bytes | None, self._redis.get(self._keys.login_failures(client))) or 0)
+
+    def session_key(self) -> bytes:
+        """The key browser sessions are signed with, shared by every server process of the
+        installation (made by the first)."""
+        self._redis.set(self._keys.web_secret, secrets.token_hex(32), nx=True)
+        return cast(bytes, self._redis.get(self._keys.web_secret))

@@ -8,6 +8,7 @@ from ..client import Client
 from . import errors, sockets
 from .api import api
 from .hub import LazyHub
+from .login import login
 from .metrics import metrics
 
 
@@ -19,6 +20,13 @@ def create_app(client: Client | None = None) -> Flask:
     connected = client or Client()
     app.extensions["gpulayer.client"] = connected
     app.extensions["gpulayer.hub"] = LazyHub(connected)
+    app.config.update(
+        SECRET_KEY=connected.session_key(),
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_NAME="gpulayer_session",
+    )
+    app.register_blueprint(login)
     app.register_blueprint(api)
     app.register_blueprint(metrics)
     sockets.install(app)

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import functools
+import hmac
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import current_app, g, request
+from flask import current_app, g, request, session
 
 from ..client import Client
 from ..models import Role, TokenInfo
@@ -54,7 +55,17 @@ def requires(role: Role) -> Callable[[F], F]:
 
 
 def authenticate() -> TokenInfo:
+    """The request's token: ``Authorization: Bearer TOKEN``, or a browser session from ``/login``
+    (whose changes must also carry the session's CSRF token)."""
     header = request.headers.get("Authorization", "")
+    if not header and "token" in session:
+        info = client().check_token_digest(session["token"])
+        if info is None:
+            session.clear()
+            raise ApiError(401, "the session's token is revoked or expired; log in again")
+        if request.method not in ("GET", "HEAD", "OPTIONS") and not _csrf_ok():
+            raise ApiError(403, "missing or wrong CSRF token (X-CSRF-Token header or csrf_token field)")
+        return info
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "send an API token: Authorization: Bearer TOKEN")
@@ -62,3 +73,8 @@ def authenticate() -> TokenInfo:
     if info is None:
         raise ApiError(401, "the token is unknown, revoked or expired")
     return info
+
+
+def _csrf_ok() -> bool:
+    sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token") or ""
+    return bool(sent) and hmac.compare_digest(sent, session.get("csrf", ""))
