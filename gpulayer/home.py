@@ -25,6 +25,9 @@ class LocalState(BaseModel):
     redis_pid: int | None = None
     worker_pid: int | None = None
     worker_name: str | None = None
+    #: The HTTP API and dashboard server, on 127.0.0.1.
+    web_pid: int | None = None
+    web_port: int | None = None
 
 
 def load(home: Path) -> LocalState | None:

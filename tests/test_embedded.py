@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     gpulayer(env, "down", "--timeout", "5")
     state = tmp_path / "home" / "server.json"
     if state.exists():
-        for key in ("redis_pid", "worker_pid"):
+        for key in ("redis_pid", "worker_pid", "web_pid"):
             pid = json.loads(state.read_text()).get(key)
             if pid:
                 with contextlib.suppress(psutil.Error):
@@ -71,13 +72,25 @@ def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_en
     assert again.returncode == 0
     assert "already up" in again.stdout
 
+    # The API answers, with the admin token `up` printed (once: not again above).
+    token = up.stdout.split("An admin token for the API and dashboard")[1].split()[-1]
+    assert token.startswith("glt_")
+    assert token not in again.stdout
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{state['web_port']}/api/v1/workers", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert [worker["name"] for worker in json.load(response)["workers"]] == ["laptop"]
+
 
 def test_down_stops_both_and_the_next_up_finds_the_jobs_again(up_env: dict[str, str]) -> None:
     home = Path(up_env["GPULAYER_HOME"])
     assert gpulayer(up_env, "up").returncode == 0
     job_id = gpulayer(up_env, "submit", "--", "true").stdout.strip()
     assert gpulayer(up_env, "wait", job_id).returncode == 0
-    pids = [json.loads((home / "server.json").read_text())[key] for key in ("redis_pid", "worker_pid")]
+    pids = [
+        json.loads((home / "server.json").read_text())[key] for key in ("redis_pid", "worker_pid", "web_pid")
+    ]
 
     down = gpulayer(up_env, "down")
     assert down.returncode == 0, down.stderr

@@ -24,8 +24,12 @@ from ..signing import ensure_secret
 from ..store.connection import redact
 from .app import duration, redis_url_option
 
-#: How long `up` waits for its worker to register.
+#: How long `up` waits for its worker to register, and for its web server to answer.
 _WORKER_START = 20.0
+#: The port `up` serves the HTTP API on, when it is free.
+WEB_PORT = 8080
+#: The token `up` makes (once) for the dashboard.
+ADMIN_TOKEN = "admin"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
@@ -48,6 +52,11 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 @click.option(
     "--gpus", metavar="INDICES|none", help="GPUs the local worker offers: 0,1 or none (default: all)."
 )
+@click.option(
+    "--web-port",
+    type=click.IntRange(1, 65535),
+    help=f"Port of the HTTP API on 127.0.0.1 (default {WEB_PORT}, or a free one if it is taken).",
+)
 def up(
     redis_url: str | None,
     port: int | None,
@@ -55,13 +64,15 @@ def up(
     name: str | None,
     slots: int | None,
     gpus: str | None,
+    web_port: int | None,
 ) -> None:
-    """Start GPUlayer here: an embedded Redis (unless --redis-url is given) and a local worker, both in the
-    background. Prints the `gpulayer join` line that adds another machine."""
+    """Start GPUlayer here: an embedded Redis (unless --redis-url is given), a local worker and the
+    HTTP API, all in the background. Prints the `gpulayer join` line that adds another machine, and,
+    the first time, an admin token."""
     settings = Settings.from_env(redis_url=redis_url)
     state = local.load(settings.home)
     if state and local.alive(state.worker_pid) and (not state.embedded or local.alive(state.redis_pid)):
-        changes = any(option is not None for option in (redis_url, port, bind, name, slots, gpus))
+        changes = any(option is not None for option in (redis_url, port, bind, name, slots, gpus, web_port))
         click.echo(
             "GPUlayer is already up here" + ("; run `gpulayer down` first to change it." if changes else ".")
         )
@@ -76,8 +87,17 @@ def up(
     state.worker_name = name or socket.gethostname()
     state.worker_pid = _start_worker(settings.home, state.redis_url, state.worker_name, slots, gpus)
     local.save(settings.home, state)
+    state.web_port = web_port or (WEB_PORT if _port_free(WEB_PORT) else free_port())
+    state.web_pid = _start_web(settings.home, state.redis_url, state.web_port)
+    local.save(settings.home, state)
     click.echo("GPUlayer is up.")
     _summary(state, settings.home)
+    token = _admin_token(state.redis_url)
+    if token:
+        click.echo(
+            "An admin token for the API and dashboard (shown this once; `gpulayer token` makes more):"
+        )
+        click.echo(f"  {token}")
 
 
 @click.command()
@@ -94,9 +114,16 @@ def down(timeout: float) -> None:
     embedded Redis (its data stays for the next `up`)."""
     settings = Settings.from_env()
     state = local.load(settings.home)
-    if state is None or not (local.alive(state.worker_pid) or local.alive(state.redis_pid)):
+    if state is None or not any(
+        local.alive(pid) for pid in (state.worker_pid, state.redis_pid, state.web_pid)
+    ):
         click.echo("GPUlayer is not running here.")
         return
+    if state.web_pid and local.alive(state.web_pid):
+        os.kill(state.web_pid, signal.SIGTERM)
+        if not _wait_gone(state.web_pid, 10.0):
+            _kill(state.web_pid)
+        click.echo("web server stopped")
     if state.worker_pid and local.alive(state.worker_pid):
         _stop_worker(state.worker_pid, timeout)
         click.echo(f"worker {state.worker_name} stopped")
@@ -105,7 +132,7 @@ def down(timeout: float) -> None:
         if not _wait_gone(state.redis_pid, 10.0):
             _kill(state.redis_pid)
         click.echo("embedded Redis stopped (data kept)")
-    state.worker_pid = state.redis_pid = None
+    state.worker_pid = state.redis_pid = state.web_pid = None
     local.save(settings.home, state)
 
 
@@ -166,6 +193,49 @@ def _start_worker(home: Path, url: str, name: str, slots: int | None, gpus: str 
     return process.pid
 
 
+def _start_web(home: Path, url: str, port: int) -> int:
+    """`gpulayer server` on 127.0.0.1:``port`` in the background, once it answers."""
+    logs = home / "logs"
+    with open(logs / "web.log", "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
+            env={**os.environ, "GPULAYER_REDIS_URL": url},
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + _WORKER_START
+    while not _answers(port):
+        if process.poll() is not None or time.monotonic() > deadline:
+            _kill(process.pid)
+            raise ServerError(f"the web server did not start; see {logs / 'web.log'}")
+        time.sleep(0.05)
+    return process.pid
+
+
+def _answers(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _port_free(port: int) -> bool:
+    return not _answers(port)
+
+
+def _admin_token(url: str) -> str | None:
+    """A new admin token, the first time (none named admin works); None after."""
+    client = Client(url)
+    try:
+        if any(token.name == ADMIN_TOKEN for token in client.tokens()):
+            return None
+        token, _ = client.create_token(ADMIN_TOKEN, "admin")
+        return token
+    finally:
+        client.close()
+
+
 def _stop_worker(pid: int, timeout: float) -> None:
     os.kill(pid, signal.SIGTERM)
     if _wait_gone(pid, timeout):
@@ -200,6 +270,8 @@ def _summary(state: local.LocalState, home: Path) -> None:
     else:
         click.echo(f"  Redis:   {redact(state.redis_url)}")
     click.echo(f"  Worker:  {state.worker_name} (pid {state.worker_pid}; log {home / 'logs' / 'worker.log'})")
+    if state.web_port:
+        click.echo(f"  API:     http://127.0.0.1:{state.web_port}/api/v1  (log {home / 'logs' / 'web.log'})")
     click.echo("")
     join_url = state.redis_url
     if state.embedded and state.bind in ("0.0.0.0", "::"):
