@@ -15,6 +15,7 @@ from . import archive, placement
 from .calls import Call, CallOptions, Calls
 from .errors import (
     ArtifactTooLarge,
+    InvalidJobSpec,
     JobNotFinished,
     JobNotFound,
     OutputNotProduced,
@@ -132,7 +133,10 @@ class Client:
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
-        argv = shlex.split(command) if isinstance(command, str) else list(command)
+        try:
+            argv = shlex.split(command) if isinstance(command, str) else list(command)
+        except ValueError as exc:  # an unclosed quote
+            raise InvalidJobSpec(f"invalid job: command: {exc}") from None
         source_files = (
             archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
         )

@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 import redis
+import schemathesis
 from click.testing import Result
 from flask import Flask
 from flask.testing import FlaskClient
@@ -70,7 +72,7 @@ def routes(app: Flask) -> Iterator[tuple[str, str, Role, dict[str, str]]]:
 
 
 #: The routes anyone may call: logging in and out.
-PUBLIC = {("POST", "/login"), ("POST", "/logout")}
+PUBLIC = {("POST", "/login"), ("POST", "/logout"), ("GET", "/api/v1/openapi.json")}
 
 
 def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
@@ -447,3 +449,39 @@ def test_failed_logins_are_limited_per_address(http: FlaskClient, tokens: dict[s
     assert answer.status_code == 429
     assert answer.json is not None
     assert answer.json["error"].startswith("too many failed logins from 127.0.0.1")
+
+
+def test_the_openapi_document_lists_exactly_the_routes_the_app_serves(app: Flask, http: FlaskClient) -> None:
+    document = http.get("/api/v1/openapi.json").json
+    assert document is not None
+    listed = {(method.upper(), path) for path, item in document["paths"].items() for method in item}
+    served = {
+        (method, path.replace("0123456789ab", "{job_id}").replace("nobody", "{name}"))
+        for method, path, role, _ in routes(app)
+        if path.startswith("/api/v1/") and role is not None
+    }
+    assert listed == served
+
+
+def test_every_route_answers_as_its_document_says_whatever_it_is_sent(
+    app: Flask, tokens: dict[str, str]
+) -> None:
+    """Schemathesis sends each operation what its document allows (and more): no 5xx, only
+    documented statuses and content types, answers that match their schemas."""
+    schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", app)
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 11
+    for operation in operations:
+
+        @hypothesis.given(case=operation.as_strategy())
+        @hypothesis.settings(
+            max_examples=25, deadline=None, database=None, suppress_health_check=list(hypothesis.HealthCheck)
+        )
+        def fuzz(case: Any) -> None:
+            # A job is checked further than a JSON schema says (NUL bytes, variable names, output
+            # paths...): a schema-valid body may still be a 400. Everything else is held to.
+            case.call_and_validate(
+                headers=auth(tokens["admin"]), excluded_checks=[schemathesis.checks.positive_data_acceptance]
+            )
+
+        fuzz()

@@ -94,9 +94,7 @@ def up(
     _summary(state, settings.home)
     token = _admin_token(state.redis_url)
     if token:
-        click.echo(
-            "An admin token for the API and dashboard (shown this once; `gpulayer token` makes more):"
-        )
+        click.echo("An admin token for the API and dashboard (shown this once; `gpulayer token` makes more):")
         click.echo(f"  {token}")
 
 

@@ -21,6 +21,8 @@ from .keys import Keys
 
 #: Every token starts so, for secret scanners and people reading logs.
 TOKEN_PREFIX = "glt_"
+#: The longest a token may be made to last (s): ten years; or it may never expire.
+MAX_LIFETIME = 10 * 365 * 86400
 
 
 def token_hash(token: str) -> str:
@@ -36,8 +38,8 @@ class TokenStore:
         """A new token (returned once, never stored) and its record. :class:`TokenError` if the name
         is taken or the name, role or lifetime is not valid."""
         now = datetime.now(timezone.utc)
-        if expires_in is not None and expires_in <= 0:
-            raise TokenError("a token's lifetime must be positive")
+        if expires_in is not None and not 0 < expires_in <= MAX_LIFETIME:
+            raise TokenError("a token's lifetime must be positive and at most 10 years")
         expires = now + timedelta(seconds=expires_in) if expires_in is not None else None
         try:
             info = validated(

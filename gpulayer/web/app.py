@@ -10,6 +10,7 @@ from .api import api
 from .hub import LazyHub
 from .login import login
 from .metrics import metrics
+from .openapi import openapi
 
 
 def create_app(client: Client | None = None) -> Flask:
@@ -29,6 +30,7 @@ def create_app(client: Client | None = None) -> Flask:
     app.register_blueprint(login)
     app.register_blueprint(api)
     app.register_blueprint(metrics)
+    app.register_blueprint(openapi)
     sockets.install(app)
     errors.install(app)
     return app

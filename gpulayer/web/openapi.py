@@ -1,0 +1,196 @@
+"""The OpenAPI document of /api/v1, served at /api/v1/openapi.json. Its schemas come from the same
+pydantic models the routes validate with and answer from; a test checks that it lists exactly the
+routes the app serves, and fuzzes them against it (schemathesis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from .. import __version__
+from ..inventory import WorkerInfo
+from ..models import JobRecord, JobState, LogLine, QueueInfo, TokenInfo
+from .api import SubmitRequest, TokenRequest
+
+openapi = Blueprint("openapi", __name__, url_prefix="/api/v1")
+_REF = "#/components/schemas/{model}"
+_MODELS: list[type[BaseModel]] = [
+    JobRecord,
+    LogLine,
+    WorkerInfo,
+    QueueInfo,
+    TokenInfo,
+    SubmitRequest,
+    TokenRequest,
+]
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _object(**properties: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+_ERROR = _json(_object(error={"type": "string"}), "An error, in one line")
+_NULLABLE_INT = {"anyOf": [{"type": "integer"}, {"type": "null"}]}
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[0-9a-f]{12}$"},
+}
+
+
+def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+def _operation(
+    summary: str, role: str, ok: dict[str, Any], status: str = "200", **extra: Any
+) -> dict[str, Any]:
+    errors = {code: _ERROR for code in ("400", "401", "403", "404", "409", "503")}
+    return {
+        "summary": summary,
+        "description": f"Needs the {role} role (or admin).",
+        "security": [{"token": []}],
+        "responses": {status: ok, **errors},
+        **extra,
+    }
+
+
+def document() -> dict[str, Any]:
+    _, schemas = models_json_schema([(model, "serialization") for model in _MODELS], ref_template=_REF)
+    records = {"type": "array", "items": _ref(JobRecord)}
+    paths = {
+        "/api/v1/jobs": {
+            "get": _operation(
+                "The newest jobs first, a page at a time",
+                "viewer",
+                _json(_object(jobs=records, next_offset=_NULLABLE_INT)),
+                parameters=[
+                    _query("state", {"type": "string", "enum": [state.value for state in JobState]}),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                    _query("offset", {"type": "integer", "minimum": 0, "maximum": 10**9}),
+                ],
+            ),
+            "post": _operation(
+                "Submit a command job",
+                "submitter",
+                _json(_object(id={"type": "string"}), "Created"),
+                status="201",
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(SubmitRequest)}},
+                },
+            ),
+        },
+        "/api/v1/jobs/{job_id}": {
+            "get": _operation(
+                "A job's record, with the placement reasons while it is queued",
+                "viewer",
+                _json({"allOf": [_ref(JobRecord), _object(reasons={"type": "array"})]}),
+                parameters=[_JOB_ID],
+            )
+        },
+        "/api/v1/jobs/{job_id}/cancel": {
+            "post": _operation(
+                "Cancel a job",
+                "submitter",
+                _json(_object(id={"type": "string"}, state={"type": "string"})),
+                parameters=[_JOB_ID],
+            )
+        },
+        "/api/v1/jobs/{job_id}/logs": {
+            "get": _operation(
+                "A page of a job's log lines",
+                "viewer",
+                _json(
+                    _object(lines={"type": "array", "items": _ref(LogLine)}, next_after={"type": "string"})
+                ),
+                parameters=[
+                    _JOB_ID,
+                    _query("after", {"type": "string", "pattern": "^[0-9]+-[0-9]+$"}),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}),
+                    _query("rank", {"type": "integer", "minimum": 0}),
+                ],
+            )
+        },
+        "/api/v1/jobs/{job_id}/outputs": {
+            "get": _operation(
+                "A job's outputs, as a gzip-compressed tar archive",
+                "viewer",
+                {
+                    "description": "The archive",
+                    "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}},
+                },
+                parameters=[_JOB_ID],
+            )
+        },
+        "/api/v1/workers": {
+            "get": _operation(
+                "The connected workers",
+                "viewer",
+                _json(_object(workers={"type": "array", "items": _ref(WorkerInfo)})),
+            )
+        },
+        "/api/v1/queues": {
+            "get": _operation(
+                "Queue depths",
+                "viewer",
+                _json(
+                    _object(
+                        queues={"type": "array", "items": _ref(QueueInfo)}, gangs_waiting={"type": "integer"}
+                    )
+                ),
+            )
+        },
+        "/api/v1/tokens": {
+            "get": _operation(
+                "The API tokens that still work",
+                "admin",
+                _json(_object(tokens={"type": "array", "items": _ref(TokenInfo)})),
+            ),
+            "post": _operation(
+                "Make a token (shown only in this answer)",
+                "admin",
+                _json({"allOf": [_ref(TokenInfo), _object(token={"type": "string"})]}, "Created"),
+                status="201",
+                requestBody={
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref(TokenRequest)}},
+                },
+            ),
+        },
+        "/api/v1/tokens/{name}": {
+            "delete": _operation(
+                "Revoke a token",
+                "admin",
+                _json(_object(revoked={"type": "string"}, by={"type": "string"})),
+                parameters=[{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            )
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "GPUlayer API", "version": __version__},
+        "paths": paths,
+        "components": {
+            "schemas": schemas["$defs"],
+            "securitySchemes": {"token": {"type": "http", "scheme": "bearer"}},
+        },
+    }
+
+
+@openapi.get("/openapi.json")
+def served() -> Response:
+    """Public: the document says what the API is, nothing about what is in it."""
+    return jsonify(document())
