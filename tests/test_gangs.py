@@ -364,10 +364,13 @@ def test_two_gang_jobs_that_do_not_fit_together_and_a_flood_of_small_jobs_all_fi
     for job in gangs + flood:
         assert job.wait(60).state is JobState.SUCCEEDED
     first, second = (job.status() for job in gangs)
-    # Never both at once: together they need four whole workers of the three.
-    assert first.ended_at is not None
-    assert second.started_at is not None
-    assert first.ended_at <= second.started_at or second.ended_at <= first.started_at  # type: ignore[operator]
+    # Never both at once: together they need four whole workers of the three. (A job ends with its
+    # last part, and each part frees its worker as it ends: the next may start a moment before.)
+    spans = sorted((record.started_at, record.ended_at) for record in (first, second))
+    (_, first_end), (second_start, _) = spans
+    assert first_end is not None
+    assert second_start is not None
+    assert (first_end - second_start).total_seconds() < 0.25
 
 
 def test_a_worker_killed_mid_job_takes_its_ranks_with_it_and_the_gang_runs_again(
