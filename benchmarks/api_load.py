@@ -115,7 +115,6 @@ def log_delay(url: str, home: str, client: Client, token: str, port: int, lines:
             if "end" in message:
                 break
             delays.append(time.time() - float(message["text"]))
-        socket.close()
     finally:
         stop(worker)
     return {"p50_ms": median(delays) * 1000, "p99_ms": percentile(delays, 0.99) * 1000, "lines": len(delays)}
