@@ -3,7 +3,9 @@ Real Redis, real worker processes, short leases; every job must end the way it s
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 from pathlib import Path
@@ -136,10 +138,15 @@ def test_cancel_reaches_a_job_whose_worker_missed_the_message(
 ) -> None:
     """The cancel is flagged on the job too: a worker that missed the stop-job message (its pub/sub
     connection was down) finds it at its next heartbeat."""
-    workers.start("w1", 1, *FAST)
+    worker = workers.start("w1", 1, *FAST)
     job = client.submit(["sleep", "300"])
     wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
-    raw_redis.client_kill_filter(_type="pubsub")
-    assert raw_redis.pubsub_numsub(client.keys.pubsub("w1")) == [(client.keys.pubsub("w1").encode(), 0)]
-    job.cancel()
+    # Frozen, the worker cannot subscribe again before the cancel is published (it would at once).
+    os.kill(worker.pid, signal.SIGSTOP)
+    try:
+        raw_redis.client_kill_filter(_type="pubsub")
+        assert raw_redis.pubsub_numsub(client.keys.pubsub("w1")) == [(client.keys.pubsub("w1").encode(), 0)]
+        job.cancel()
+    finally:
+        os.kill(worker.pid, signal.SIGCONT)
     assert job.wait(30).state is JobState.CANCELLED
