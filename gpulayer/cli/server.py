@@ -18,7 +18,7 @@ import click
 from .. import home as local
 from ..client import Client
 from ..errors import ServerError
-from ..server import free_port, shutdown_redis, start_redis, wait_ready
+from ..server import address_towards, free_port, shutdown_redis, start_redis, wait_ready
 from ..settings import Settings
 from ..signing import ensure_secret
 from ..store.connection import redact
@@ -273,7 +273,8 @@ def _summary(state: local.LocalState, home: Path) -> None:
     click.echo("")
     join_url = state.redis_url
     if state.embedded and state.bind in ("0.0.0.0", "::"):
-        join_url = join_url.replace("@127.0.0.1:", f"@{_reachable_address()}:", 1)
+        # The address on the default route: what other machines most likely reach this one at.
+        join_url = join_url.replace("@127.0.0.1:", f"@{address_towards('10.255.255.255', 1)}:", 1)
     click.echo("To add another machine, run there:")
     click.echo(f"  gpulayer join {join_url} --secret {ensure_secret(home).decode()}")
     if state.embedded and state.bind in _LOOPBACK:
@@ -283,13 +284,3 @@ def _summary(state: local.LocalState, home: Path) -> None:
         )
     click.echo("")
     click.echo("Try:  gpulayer submit --wait -- echo hello")
-
-
-def _reachable_address() -> str:
-    """This machine's address on its default route (a UDP connect sends nothing; it picks the interface)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect(("10.255.255.255", 1))
-            return str(sock.getsockname()[0])
-        except OSError:
-            return socket.gethostname()

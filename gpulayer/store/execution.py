@@ -74,8 +74,12 @@ class QueueOffer:
     eligible: tuple[tuple[str, int], ...] = ()
 
     def args(self) -> list[object]:
-        eligible = ",".join(f"{uuid}={index}" for uuid, index in self.eligible)
-        return [self.name, self.gpus, self.cpus, self.memory, eligible]
+        return [self.name, self.gpus, self.cpus, self.memory, gpu_list(self.eligible)]
+
+
+def gpu_list(gpus: Iterable[tuple[str, int]]) -> str:
+    """(uuid, index) pairs as the claim and gang scripts read them: "uuid=index,uuid=index"."""
+    return ",".join(f"{uuid}={index}" for uuid, index in gpus)
 
 
 class ExecutionStore:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from redis import Redis
 
 from ..models import JobSpec
+from .execution import gpu_list
 from .jobs import parse_spec
 from .keys import Keys
 from .rq_jobs import timestamp
@@ -92,10 +93,8 @@ class GangStore:
             needs.memory,
         ]
         for candidate in candidates:
-            eligible = ",".join(f"{uuid}={index}" for uuid, index in candidate.eligible)
-            args.extend(
-                (self._keys.rq_worker_name(candidate.worker), candidate.slots, candidate.memory, eligible)
-            )
+            name = self._keys.rq_worker_name(candidate.worker)
+            args.extend((name, candidate.slots, candidate.memory, gpu_list(candidate.eligible)))
         outcome, *workers = self._scripts.run(
             "gang", [self._keys.job(job.job_id), self._keys.rq_suspended], args
         )

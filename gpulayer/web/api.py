@@ -8,7 +8,7 @@ from typing import Any
 from flask import Blueprint, Response, g, jsonify, request, send_file
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import OutputNotProduced
+from ..errors import OutputNotProduced, TokenError
 from ..models import JobState, Launcher, RetryOn, Role
 from ..units import parse_duration
 from .auth import client, requires
@@ -190,7 +190,8 @@ def create_token() -> tuple[Response, int]:
 @requires("admin")
 def revoke_token(name: str) -> Response:
     """Revoke a token: it stops working at once."""
-    if name not in {token.name for token in client().tokens()}:
-        raise ApiError(404, f"no token named {name!r}")
-    client().revoke_token(name)
+    try:
+        client().revoke_token(name)
+    except TokenError as exc:  # the only way revoking fails: there is no such token
+        raise ApiError(404, str(exc)) from None
     return jsonify(revoked=name, by=g.token.name)

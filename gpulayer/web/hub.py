@@ -111,34 +111,38 @@ class LogHub(threading.Thread):
         if not self._cursors:
             self._stopping.wait(_BLOCK_MS / 1000)
             return
-        streams: dict[str, str] = {}
+        # Each watched job's log (from its cursor) and done stream (its one entry), by key.
+        streams: dict[str, tuple[str, str]] = {}
         for job, cursor in self._cursors.items():
-            streams[self._keys.logs(job)] = cursor
-            streams[self._keys.done(job)] = "0-0"
+            streams[self._keys.logs(job)] = (job, cursor)
+            streams[self._keys.done(job)] = (job, "0-0")
         reply = cast(
             list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]],
-            self._redis.xread(streams, count=_COUNT, block=_BLOCK_MS),  # type: ignore[arg-type]
+            self._redis.xread(
+                {key: cursor for key, (_, cursor) in streams.items()},
+                count=_COUNT,
+                block=_BLOCK_MS,
+            ),
         )
         ended: dict[str, str] = {}
-        by_key = {self._keys.logs(job): job for job in self._cursors}
-        done_keys = {self._keys.done(job): job for job in self._cursors}
+        printed: set[str] = set()
         for key, entries in reply:
             name = key.decode()
-            if name in done_keys:
-                ended[done_keys[name]] = entries[0][1][b"state"].decode()
+            job = streams[name][0]
+            if name == self._keys.done(job):
+                ended[job] = entries[0][1][b"state"].decode()
                 continue
-            job = by_key[name]
+            printed.add(job)
             for entry_id, fields in entries:
                 line = parse_entry(entry_id, fields)
                 for watcher in self._watchers.get(job, []):
                     watcher.inbox.put(("line", line))
                 self._cursors[job] = line[0]
-        for job, state in ended.items():
-            # Its last lines may still be unread this round: only once a read finds none is it over.
-            if not any(name == self._keys.logs(job) for name in (k.decode() for k, _ in reply)):
-                for watcher in self._watchers.pop(job, []):
-                    watcher.inbox.put(("end", state))
-                self._cursors.pop(job, None)
+        # A job's last lines may still be unread this round: only once a read finds none is it over.
+        for job in ended.keys() - printed:
+            for watcher in self._watchers.pop(job, []):
+                watcher.inbox.put(("end", ended[job]))
+            self._cursors.pop(job, None)
 
     def _revocations(self, get_message: Callable[..., dict[str, Any] | None]) -> None:
         while (message := get_message(timeout=0)) is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..models import Distributed, JobState, OutputSummary
 from ..payloads import CALL
+from ..server import free_port
 from ..store.execution import Part
 from . import ranks
 from .executor import SECRET_VARIABLE
@@ -37,7 +38,8 @@ class PartRunner(JobRunner):
 
     def _announce(self) -> str:
         """Node 0 says where its rank 0 will listen as it starts."""
-        return f"{self._address}:{ranks.free_port()}" if self._part.node == 0 else ""
+        # Free on every interface, as torchrun picks one: other machines connect to it.
+        return f"{self._address}:{free_port('')}" if self._part.node == 0 else ""
 
     def _system(self, line: str) -> None:
         super()._system(f"node {self._part.node} ({self._store.worker}): {line}")
@@ -99,10 +101,14 @@ class PartRunner(JobRunner):
             if failing is None:
                 return ending
             self._failed = (failing.rank, failing.returncode or 0)
-        rank, status = self._failed
-        outcome = self._outcome(status, ending.outputs, None)
-        who = f"rank {rank}" if rank is not None else f"torchrun (node {self._part.node})"
-        return dataclasses.replace(outcome, reason=f"{who}: {outcome.reason}")
+        outcome = self._outcome(self._failed[1], ending.outputs, None)
+        return dataclasses.replace(outcome, reason=f"{self._failing()}: {outcome.reason}")
+
+    def _failing(self) -> str:
+        """Who failed first on this node: a rank, or torchrun (whose ranks it ran)."""
+        assert self._failed is not None
+        rank = self._failed[0]
+        return f"rank {rank}" if rank is not None else f"torchrun (node {self._part.node})"
 
     def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
         # Node 0's folder, where rank 0 runs, holds the outputs.
@@ -144,7 +150,7 @@ class PartRunner(JobRunner):
         if found is None:
             return ending
         reply = self._reply_ending(*found)
-        if reply.state is JobState.FAILED and ending.reason:
-            who = ending.reason.split(":", 1)[0]
-            return dataclasses.replace(reply, exit_code=ending.exit_code, reason=f"{who}: {reply.reason}")
+        if reply.state is JobState.FAILED and self._failed is not None:
+            reason = f"{self._failing()}: {reply.reason}"
+            return dataclasses.replace(reply, exit_code=ending.exit_code, reason=reason)
         return reply

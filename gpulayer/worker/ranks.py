@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,13 +16,6 @@ from ..payloads import CALL
 GANG_START_TIMEOUT = 60.0
 #: Ends the name of the file a rank of a function's gang job leaves its result in.
 RESULT_SUFFIX = ".result"
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now, for rank 0 to listen on (as torchrun picks one)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
 
 
 def direct(

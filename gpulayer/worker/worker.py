@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import threading
 import time
 import uuid
@@ -40,6 +39,7 @@ from rq.worker import BaseWorker, WorkerStatus
 from ..errors import ConfigError
 from ..inventory import GPU, Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, JobSpec, JobState, validation_message
+from ..server import address_towards
 from ..settings import Settings
 from ..signing import SECRET_FILE, load_secret
 from ..store.artifacts import RedisArtifactStore
@@ -509,18 +509,12 @@ class Worker(BaseWorker):
 
 def _address_towards(connection: Redis) -> str:
     """This machine's address on the route to Redis: what other workers, which reach the same Redis,
-    most likely reach it at. (A UDP socket's connect sends nothing.)"""
+    most likely reach it at."""
     kwargs = connection.connection_pool.connection_kwargs
     host = kwargs.get("host")
     if not host:  # a Unix socket: Redis, and so every worker, is on this machine
         return "127.0.0.1"
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, int(kwargs.get("port", 6379))))
-            return str(probe.getsockname()[0])
-    except OSError:
-        return socket.gethostname()
+    return address_towards(host, int(kwargs.get("port", 6379)))
 
 
 def _read_spec(raw: bytes | None) -> JobSpec:
