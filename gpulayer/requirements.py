@@ -84,9 +84,11 @@ class Requirements(BaseModel):
 
     @field_validator("frameworks", mode="before")
     @classmethod
-    def _normalise_frameworks(cls, frameworks: Any) -> tuple[str, ...]:
+    def _normalise_frameworks(cls, frameworks: Any) -> Any:
         if isinstance(frameworks, str):
             frameworks = (frameworks,)
+        if not isinstance(frameworks, list | tuple) or not all(isinstance(text, str) for text in frameworks):
+            return frameworks  # not a list of strings: the field's own type check says what is wrong
         return tuple(sorted(str(parse_framework(text)) for text in frameworks))
 
     @field_validator("labels")

@@ -66,6 +66,8 @@ def test_two_ways_of_asking_for_the_same_thing_share_a_queue() -> None:
         ({"gpu_name": "A100("}, "is not a regular expression"),
         ({"frameworks": ["torch @ https://example.invalid/t.whl"]}, "only a name and a version range"),
         ({"frameworks": ["torch>=="]}, "is not a requirement"),
+        ({"frameworks": [1.5]}, "frameworks.0: Input should be a valid string"),
+        ({"frameworks": 3}, "frameworks: Input should be a valid tuple"),
         ({"labels": {"bad key": "x"}}, "label name"),
     ],
 )
