@@ -569,3 +569,11 @@ def test_the_distributed_example_trains_on_two_workers(client: Client, workers: 
     assert record.state is JobState.SUCCEEDED, lines
     assert sum(text.startswith("rank ") for text in lines) == 4
     assert [line.rank for line in job.logs() if line.text.startswith("mean loss over 4 ranks")] == [0]
+
+
+def test_workers_write_nothing_about_gang_jobs_while_none_wait(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    workers.start("quiet", 1)
+    assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+    assert not raw_redis.exists(client.keys.gangs_placing, client.keys.gangs)

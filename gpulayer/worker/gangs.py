@@ -35,11 +35,11 @@ class GangPlacer:
     def place(self) -> int | None:
         """Try every waiting gang job, oldest first; returns how many still wait, or None when another
         worker has just tried (one at a time)."""
-        if not self._gangs.take_turn(self._name, TURN_MS):
-            return None
         waiting = self._gangs.waiting()
         if not waiting:
-            return 0
+            return 0  # nothing written: an idle installation stays untouched
+        if not self._gangs.take_turn(self._name, TURN_MS):
+            return None
         live = self._live(self._workers.list())
         holder = True  # only the oldest gang job that some set of workers could hold may hold them
         left = 0
