@@ -4,7 +4,9 @@ doing the same through Redis directly, in the same run.
 * listing: ``GET /api/v1/jobs?limit=50`` with 10,000 jobs in Redis, from 50 concurrent clients;
 * submit: ``POST /api/v1/jobs`` from 50 concurrent clients (no worker runs them);
 * log delay: a job prints a line every 20 ms; the time from its print (the time it writes into the
-  line) to the line's arrival on ``/ws/jobs/<id>/logs``, p50 and p99.
+  line) to the line's arrival on ``/ws/jobs/<id>/logs``, p50 and p99;
+* event delay: from a submit to its "queued" event on ``/ws/events``, beside the same read by a
+  subscriber of Redis's channel of its own.
 
 Requests/s and p99 latency for each; the direct client's rate in the same run for the ratio.
 
@@ -120,6 +122,47 @@ def log_delay(url: str, home: str, client: Client, token: str, port: int, lines:
     return {"p50_ms": median(delays) * 1000, "p99_ms": percentile(delays, 0.99) * 1000, "lines": len(delays)}
 
 
+def event_delay(url: str, client: Client, token: str, port: int, jobs: int) -> dict[str, float]:
+    """From a submit to its job's "queued" event arriving on /ws/events, beside the same event read
+    straight from Redis's channel (what a browser costs over a subscriber of its own)."""
+    socket = WebSocket.connect(
+        f"ws://127.0.0.1:{port}/ws/events", headers={"Authorization": f"Bearer {token}"}
+    )
+    direct = client.redis.pubsub(ignore_subscribe_messages=True)
+    direct.subscribe(client.keys.events)
+    time.sleep(0.5)  # the server's hub subscribes at its next round
+
+    def arrival(receive: Callable[[], str | None], job_id: str) -> float:
+        while True:
+            raw = receive()
+            if raw is not None and json.loads(raw).get("id") == job_id:
+                return time.perf_counter()
+
+    def from_direct() -> str | None:
+        message = direct.get_message(timeout=10)
+        return None if message is None else message["data"].decode()
+
+    def delays(receive: Callable[[], str | None]) -> list[float]:
+        found = []
+        for _ in range(jobs):
+            started = time.perf_counter()
+            job_id = client.submit(["true"], labels={"zone": "nowhere"}).id  # waits: no worker runs it
+            found.append(arrival(receive, job_id) - started)
+        return found
+
+    via_redis = delays(from_direct)
+    direct.close()
+    via_socket = delays(lambda: socket.receive(timeout=10))
+    socket.close()
+    return {
+        "p50_ms": median(via_socket) * 1000,
+        "p99_ms": percentile(via_socket, 0.99) * 1000,
+        "redis_p50_ms": median(via_redis) * 1000,
+        "redis_p99_ms": percentile(via_redis, 0.99) * 1000,
+        "jobs": jobs,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -128,6 +171,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--requests", type=int, default=2_000)
     parser.add_argument("--log-lines", type=int, default=200)
+    parser.add_argument("--events", type=int, default=200)
     args = parser.parse_args()
     with private_installation() as (url, home):
         client = Client(url, settings=Settings(home=home))
@@ -162,6 +206,7 @@ def main() -> None:
             )
             submit_direct = direct(args.clients, args.requests, lambda: client.submit(["true"]))
             delay = log_delay(url, str(home), client, token, port, args.log_lines)
+            events = event_delay(url, client, token, port, args.events)
         finally:
             server.terminate()
             server.wait(30)
@@ -180,6 +225,7 @@ def main() -> None:
             "api_over_direct": submit["per_s"] / submit_direct,
         },
         "log_delay": delay,
+        "event_delay": events,
     }
     for name in ("listing", "submit"):
         row = result[name]
@@ -190,6 +236,11 @@ def main() -> None:
     lines = delay["lines"]
     spread = f"p50 {delay['p50_ms']:.1f} ms, p99 {delay['p99_ms']:.1f} ms"
     print(f"log line -> websocket: {spread} over {lines:.0f} lines")
+    socket_ms, redis_ms = events["p50_ms"], events["redis_p50_ms"]
+    print(
+        f"submit -> job event on /ws/events: p50 {socket_ms:.1f} ms, p99 {events['p99_ms']:.1f} ms; "
+        f"straight from Redis p50 {redis_ms:.1f} ms ({socket_ms / redis_ms:.2f}x)"
+    )
     print(f"saved {save('api_load', result)}")
 
 

@@ -179,5 +179,7 @@ def extract(archive: IO[bytes], dest: Path) -> list[Path]:
             return [dest / member.name for member in members if member.isfile()]
     except tarfile.FilterError as exc:
         raise ArchiveError(f"unsafe archive entry: {exc}") from None
+    except tarfile.ReadError:
+        raise ArchiveError("not a tar archive (plain, gzip, bzip2 or xz) or cut short") from None
     except tarfile.TarError as exc:
-        raise ArchiveError(f"not a valid archive: {exc}") from None
+        raise ArchiveError(f"not a valid archive: {' '.join(str(exc).split())}") from None

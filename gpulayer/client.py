@@ -25,8 +25,9 @@ from .errors import (
     WorkerNotFound,
 )
 from .home import resolve_redis_url
-from .inventory import WorkerInfo
+from .inventory import Telemetry, WorkerInfo
 from .models import (
+    ActivitySample,
     Distributed,
     JobRecord,
     JobState,
@@ -42,6 +43,7 @@ from .models import (
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
+from .store import histograms
 from .store.artifacts import (
     INPUTS_ARCHIVE,
     OUTPUTS_ARCHIVE,
@@ -55,6 +57,7 @@ from .store.keys import Keys
 from .store.logs import LogStore
 from .store.queues import QueueStore
 from .store.scripts import Scripts
+from .store.telemetry import HISTORY, TelemetryStore
 from .store.tokens import TokenStore
 from .store.workers import WorkerStore
 from .units import format_size
@@ -82,6 +85,7 @@ class Client:
         self._workers = WorkerStore(self.redis, self.keys)
         self._queues = QueueStore(self.redis, self.keys)
         self._tokens = TokenStore(self.redis, self.keys)
+        self._telemetry = TelemetryStore(self.redis, self.keys, self.settings.telemetry_interval)
         self._calls = Calls(self.settings, self._jobs, self._artifacts)
 
     def __repr__(self) -> str:
@@ -253,6 +257,23 @@ class Client:
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self._workers.list()
+
+    def telemetry(self, seconds: float = HISTORY) -> dict[str, list[Telemetry]]:
+        """Each connected worker's telemetry samples (CPU, memory, GPUs) over the last ``seconds``
+        (Redis keeps an hour), oldest first, by worker name."""
+        return self._telemetry.history([worker.name for worker in self.workers()], seconds)
+
+    def activity(self, seconds: float = HISTORY) -> list[ActivitySample]:
+        """Samples of the whole installation (jobs by state, queue depths) over the last ``seconds``."""
+        return self._telemetry.activity(seconds)
+
+    def histograms(self) -> dict[str, histograms.Histogram]:
+        """The time jobs took from queued to running (``start_latency``), and how long they ran
+        (``run_time``), over every job since Redis's data began."""
+        return {
+            "start_latency": histograms.read(self.redis, self.keys.start_latency, histograms.START_BUCKETS),
+            "run_time": histograms.read(self.redis, self.keys.run_time, histograms.RUN_BUCKETS),
+        }
 
     def queues(self) -> tuple[list[QueueInfo], int]:
         """Every queue with how many jobs wait in it, and how many gang jobs wait for workers."""

@@ -108,3 +108,31 @@ class WorkerInfo(Offer):
     @property
     def simulated(self) -> bool:
         return any(gpu.simulated for gpu in self.gpus)
+
+
+class GpuSample(BaseModel):
+    """One GPU's use at one moment. A simulated GPU reports 100% while a job holds it, else 0%, and
+    no memory or temperature."""
+
+    index: int
+    uuid: str
+    #: Percent of the last sample period a kernel ran (NVML's utilization rate).
+    utilization: float | None = None
+    memory_used: int | None = None
+    memory_total: int
+    #: Degrees Celsius.
+    temperature: float | None = None
+    simulated: bool = False
+
+
+class Telemetry(BaseModel):
+    """A worker's machine at one moment, published every few seconds."""
+
+    #: Milliseconds since the epoch.
+    time: int
+    cpu_percent: float
+    #: The 1-minute load average.
+    load: float
+    memory_used: int
+    memory_total: int
+    gpus: list[GpuSample] = Field(default_factory=list)

@@ -333,3 +333,14 @@ class QueueInfo(BaseModel):
     priority: int
     #: Jobs waiting in it now.
     depth: int
+
+
+class ActivitySample(BaseModel):
+    """The whole installation at one moment, sampled once per telemetry interval."""
+
+    #: Milliseconds since the epoch.
+    time: int
+    jobs: dict[JobState, int]
+    #: Jobs waiting in each queue, by queue name.
+    queues: dict[str, int]
+    gangs_waiting: int = 0

@@ -45,6 +45,9 @@ class Settings:
     #: The oldest waiting gang job holds the workers it needs once it has waited this long (seconds):
     #: they take no new jobs until it starts.
     gang_hold_after: float = 30.0
+    #: Workers sample their machine (CPU, memory, GPUs) this often (seconds), for the dashboard and
+    #: /metrics; Redis keeps an hour of samples.
+    telemetry_interval: float = 5.0
 
     def __post_init__(self) -> None:
         if not _PREFIX.match(self.prefix):
@@ -57,6 +60,7 @@ class Settings:
             "max_source_bytes",
             "max_job_bytes",
             "retention_seconds",
+            "telemetry_interval",
         ):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive")
@@ -79,6 +83,7 @@ class Settings:
             "retention_seconds": lambda v: int(parse_duration(v)),
             "kill_grace_seconds": parse_duration,
             "gang_hold_after": parse_duration,
+            "telemetry_interval": parse_duration,
         }
         for name, parse in parsers.items():
             raw = env.get(f"GPULAYER_{name.upper()}")

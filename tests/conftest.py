@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,10 +21,14 @@ import psutil
 import pytest
 import redis
 from click.testing import CliRunner, Result
+from flask import Flask
+from flask.testing import FlaskClient
 
 from gpulayer import Client, Settings
 from gpulayer.cli import main
+from gpulayer.models import Role
 from gpulayer.server import free_port, redis_server_binary, start_redis, wait_ready
+from gpulayer.web import create_app
 
 #: How long a test waits for a worker to register or a job to end before failing.
 WAIT = 30.0
@@ -179,3 +184,38 @@ def kill_machine(pid: int) -> None:
         for member in members:
             with contextlib.suppress(psutil.NoSuchProcess):
                 member.kill()
+
+
+# --- the web app -----------------------------------------------------------------------------------
+@pytest.fixture
+def app(client: Client) -> Flask:
+    return create_app(client)
+
+
+@pytest.fixture
+def http(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def tokens(client: Client) -> dict[str, str]:
+    """A working token of each role, by role."""
+    roles: tuple[Role, ...] = ("admin", "submitter", "viewer", "metrics")
+    return {role: client.create_token(f"t-{role}", role)[0] for role in roles}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def served(app: Flask) -> Iterator[str]:
+    """The app on a real server thread (websockets need one): its host:port."""
+    from werkzeug.serving import make_server
+
+    server = make_server("127.0.0.1", free_port(), app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_port}"
+    server.shutdown()
+    app.extensions["gpulayer.hub"].stop()

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,31 +29,8 @@ from simple_websocket import ConnectionError as Refused
 from gpulayer import Client, JobState
 from gpulayer.models import Role
 from gpulayer.server import free_port
-from gpulayer.web import create_app
 from gpulayer.web.auth import ROLE_ATTRIBUTE
-from tests.conftest import Workers, wait_for
-
-
-@pytest.fixture
-def app(client: Client) -> Flask:
-    return create_app(client)
-
-
-@pytest.fixture
-def http(app: Flask) -> FlaskClient:
-    return app.test_client()
-
-
-@pytest.fixture
-def tokens(client: Client) -> dict[str, str]:
-    """A working token of each role, by role."""
-    roles: tuple[Role, ...] = ("admin", "submitter", "viewer", "metrics")
-    return {role: client.create_token(f"t-{role}", role)[0] for role in roles}
-
-
-def auth(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"}
-
+from tests.conftest import Workers, auth, wait_for
 
 #: What a websocket route needs to be reached at all (without it, routing answers 400).
 UPGRADE = {"Upgrade": "websocket", "Connection": "Upgrade"}
@@ -71,8 +47,15 @@ def routes(app: Flask) -> Iterator[tuple[str, str, Role, dict[str, str]]]:
             yield method, path, getattr(view, ROLE_ATTRIBUTE, None), UPGRADE if rule.websocket else {}
 
 
-#: The routes anyone may call: logging in and out.
-PUBLIC = {("POST", "/login"), ("POST", "/logout"), ("GET", "/api/v1/openapi.json")}
+#: The routes anyone may call: logging in and out, the API's document, the dashboard's files.
+PUBLIC = {
+    ("POST", "/login"),
+    ("POST", "/logout"),
+    ("GET", "/api/v1/openapi.json"),
+    # The dashboard's page and its scripts: they hold no data.
+    ("GET", "/"),
+    ("GET", "/static/<path:name>"),
+}
 
 
 def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
@@ -115,6 +98,10 @@ def test_a_revoked_or_expired_token_stops_working_at_once(
     assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 200
     time.sleep(0.3)
     assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 401
+    # Shorter than Redis counts (a millisecond) is made, and is over at once.
+    instant, _ = client.create_token("instant", "viewer", expires_in=0.0001)
+    time.sleep(0.01)
+    assert http.get("/api/v1/jobs", headers=auth(instant)).status_code == 401
 
 
 def test_jobs_are_listed_newest_first_a_page_at_a_time(
@@ -311,19 +298,6 @@ def test_the_server_command_serves_the_api_with_gunicorn(env: dict[str, str], cl
         server.wait(20)
 
 
-@pytest.fixture
-def served(app: Flask) -> Iterator[str]:
-    """The app on a real server thread (websockets need one): its host:port."""
-    from werkzeug.serving import make_server
-
-    server = make_server("127.0.0.1", free_port(), app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_port}"
-    server.shutdown()
-    app.extensions["gpulayer.hub"].stop()
-
-
 def receive_all(ws: Any, timeout: float = 30) -> list[dict[str, Any]]:
     """Messages until the end message (included) or the socket closes."""
     got: list[dict[str, Any]] = []
@@ -470,7 +444,7 @@ def test_every_route_answers_as_its_document_says_whatever_it_is_sent(
     documented statuses and content types, answers that match their schemas."""
     schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", app)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 11
+    assert len(operations) == 14
     for operation in operations:
 
         @hypothesis.given(case=operation.as_strategy())
@@ -485,3 +459,54 @@ def test_every_route_answers_as_its_document_says_whatever_it_is_sent(
             )
 
         fuzz()
+
+
+def tar_gz(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_a_multipart_submit_ships_the_source_folder_and_input_files(
+    app: Flask, client: Client, workers: Workers, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    workers.start("w1", 1)
+    spec = json.dumps({"command": "sh run.sh", "name": "uploaded"})
+    source = tar_gz(
+        {"run.sh": b"cat lib/greeting.txt data.txt\n", "lib/greeting.txt": b"hello from source\n"}
+    )
+
+    def post(**fields: Any) -> Any:
+        return http.post(
+            "/api/v1/jobs", headers=auth(tokens["submitter"]), data=fields, content_type="multipart/form-data"
+        )
+
+    answer = post(
+        spec=spec,
+        source=(io.BytesIO(source), "project.tar.gz"),
+        inputs=[(io.BytesIO(b"and an input\n"), "data.txt")],
+    )
+    assert answer.status_code == 201, answer.json
+    job = client.get(answer.json["id"])
+    assert job.wait(30).state is JobState.SUCCEEDED
+    assert [line.text for line in job.logs()] == ["hello from source", "and an input"]
+
+    # Refused whole, one line each, and no job written.
+    escaping = tar_gz({"../outside.sh": b"true\n"})
+    refusals = {
+        "spec": post(spec="not json"),
+        "source": post(spec=spec, source=(io.BytesIO(escaping), "bad.tar.gz")),
+        "garbled": post(spec=spec, source=(io.BytesIO(b"not an archive"), "bad.tar.gz")),
+        "twice": post(spec=spec, inputs=[(io.BytesIO(b"1"), "a.txt"), (io.BytesIO(b"2"), "a.txt")]),
+    }
+    for what, refused in refusals.items():
+        assert refused.status_code == 400, what
+        assert "\n" not in refused.json["error"], what
+    assert "outside" in refusals["source"].json["error"]
+    app.config["MAX_CONTENT_LENGTH"] = 1000
+    assert post(spec=spec, inputs=[(io.BytesIO(b"x" * 5000), "big.bin")]).status_code == 413
+    assert [record.id for record in client.jobs()] == [job.id]

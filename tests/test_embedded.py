@@ -81,6 +81,11 @@ def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_en
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert [worker["name"] for worker in json.load(response)["workers"]] == ["laptop"]
+    # So does the dashboard, which `gpulayer dashboard` names.
+    dashboard = gpulayer(up_env, "dashboard", "--print")
+    assert dashboard.stdout == f"http://127.0.0.1:{state['web_port']}/\n"
+    with urllib.request.urlopen(dashboard.stdout.strip(), timeout=10) as response:
+        assert b'<script type="module"' in response.read()
 
 
 def test_down_stops_both_and_the_next_up_finds_the_jobs_again(up_env: dict[str, str]) -> None:
@@ -97,6 +102,7 @@ def test_down_stops_both_and_the_next_up_finds_the_jobs_again(up_env: dict[str, 
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids)
     after = gpulayer(up_env, "jobs")
     assert after.returncode == 1
+    assert gpulayer(up_env, "dashboard").stderr.startswith("Error: no dashboard is served from this machine")
     assert after.stderr.strip() == (
         "Error: the Redis that `gpulayer up` started is not running: run `gpulayer up` again"
     )

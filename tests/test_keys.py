@@ -128,8 +128,15 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "RQ_STATUS",
             "LOG_MAX_LINES",
             "RETENTION",
+            "EVENTS",
+            "START_LATENCY",
+            "START_BUCKETS",
+            "RUN_TIME",
+            "RUN_BUCKETS",
         )
     ]
+    assert 'local EVENTS = "teamA:events"\n' in text
+    assert "local START_BUCKETS = {2, 5, 10, " in text
     assert 'local JOBS = "teamA:jobs"\n' in text
     assert 'local QUEUES = "teamA:queues"\n' in text
     assert 'local PREFIX = "teamA:"\n' in text

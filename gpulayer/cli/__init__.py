@@ -4,7 +4,7 @@ from .app import main
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
 from .server import down, up
-from .web import server, token
+from .web import dashboard, server, token
 from .worker import join, worker
 
 _COMMANDS = (
@@ -24,6 +24,7 @@ _COMMANDS = (
     cancel,
     outputs,
     server,
+    dashboard,
     token,
 )
 for _command in _COMMANDS:

@@ -270,6 +270,7 @@ def _summary(state: local.LocalState, home: Path) -> None:
     click.echo(f"  Worker:  {state.worker_name} (pid {state.worker_pid}; log {home / 'logs' / 'worker.log'})")
     if state.web_port:
         click.echo(f"  API:     http://127.0.0.1:{state.web_port}/api/v1  (log {home / 'logs' / 'web.log'})")
+        click.echo(f"  Web:     http://127.0.0.1:{state.web_port}/  (`gpulayer dashboard` opens it)")
     click.echo("")
     join_url = state.redis_url
     if state.embedded and state.bind in ("0.0.0.0", "::"):

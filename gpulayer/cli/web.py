@@ -1,13 +1,17 @@
-"""Commands about the HTTP API: `server`, and the API tokens (`token create`, `list`, `revoke`)."""
+"""Commands about the HTTP API and dashboard: `server`, `dashboard`, and the API tokens (`token
+create`, `list`, `revoke`)."""
 
 from __future__ import annotations
 
 import json
+import webbrowser
 from typing import get_args
 
 import click
 
+from .. import home as local
 from ..models import Role
+from ..settings import Settings
 from .app import duration, open_client, redis_url_option
 
 
@@ -22,8 +26,27 @@ def server(host: str, port: int, redis_url: str | None) -> None:
     from ..web.serve import serve
 
     client = open_client(redis_url)
-    click.echo(f"serving the GPUlayer API on http://{host}:{port}/api/v1 (Redis: {client!r})", err=True)
+    click.echo(
+        f"serving the GPUlayer API and dashboard on http://{host}:{port}/ (Redis: {client!r})", err=True
+    )
     serve(create_app(client), host, port)
+
+
+@click.command()
+@click.option("--url", help="The server's address. Default: the one `gpulayer up` started on this machine.")
+@click.option("--print", "print_only", is_flag=True, help="Print the address; open no browser.")
+def dashboard(url: str | None, print_only: bool) -> None:
+    """Open the web dashboard in a browser (log in with an API token: see `gpulayer token create`)."""
+    if url is None:
+        state = local.load(Settings.from_env().home)
+        if state is None or not state.web_port or not local.alive(state.web_pid):
+            raise click.ClickException(
+                "no dashboard is served from this machine: run `gpulayer up`, or give --url"
+            )
+        url = f"http://127.0.0.1:{state.web_port}/"
+    click.echo(url)
+    if not print_only and not webbrowser.open(url):
+        click.echo("no web browser found here; open the address above in one", err=True)
 
 
 @click.group()

@@ -54,6 +54,19 @@ class Keys:
         self.tokens_revoked = f"{prefix}:tokens:revoked"
         #: The key the web server signs browser sessions with (random, made once).
         self.web_secret = f"{prefix}:web:secret"
+        #: Channel every job's state change, worker arrival and departure, and worker telemetry sample
+        #: is published on (JSON), for the dashboard's live view (``/ws/events``).
+        self.events = f"{prefix}:events"
+        #: Stream of samples of the whole installation (jobs by state, queue depths), one per telemetry
+        #: interval, capped at an hour's worth: the dashboard's activity charts.
+        self.activity = f"{prefix}:activity"
+        #: The name of the worker that takes the current activity sample (with a TTL of about one
+        #: interval): one sample per interval, however many workers there are.
+        self.activity_turn = f"{prefix}:activity:turn"
+        #: Hashes of the submit-to-start and run-time histograms (counts per bucket, ``sum`` in ms,
+        #: ``count``), kept up by the scripts as jobs start and end; read by /metrics.
+        self.start_latency = f"{prefix}:metrics:start-latency"
+        self.run_time = f"{prefix}:metrics:run-time"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.
@@ -88,6 +101,9 @@ class Keys:
             # The id of the gang job a worker is held for (with a TTL): while it exists, the worker
             # takes no new job from its queues, so the gang is not starved; by worker name.
             "held": f"{prefix}:worker:{{}}:held",
+            # Stream of a worker's telemetry samples (CPU, memory, each GPU's use), capped at an hour's
+            # worth and gone an hour after its last, by worker name.
+            "telemetry": f"{prefix}:telemetry:{{}}",
             # Set of the ids of jobs a worker has taken and not ended, by worker name.
             "worker_jobs": f"{prefix}:worker:{{}}:jobs",
             # Hash of what a worker's running jobs hold (cpus, memory), by worker name.
@@ -160,6 +176,9 @@ class Keys:
 
     def held(self, worker: str) -> str:
         return self._key("held", worker)
+
+    def telemetry(self, worker: str) -> str:
+        return self._key("telemetry", worker)
 
     def gpu(self, uuid: str) -> str:
         return self._key("gpu", uuid)

@@ -17,6 +17,7 @@ from redis.exceptions import NoScriptError
 
 from ..models import JobState
 from ..settings import Settings
+from .histograms import RUN_BUCKETS, START_BUCKETS, bounds_ms
 from .keys import Keys
 
 #: A gang job that fails to start this many times (a rank cannot be spawned, a worker vanishes before
@@ -39,7 +40,7 @@ _NAMES = (
 
 
 def _lua(value: Any) -> str:
-    """A Lua literal for a str, int, tuple of str, or dict of those."""
+    """A Lua literal for a str, int, tuple of those, or dict of those."""
     if isinstance(value, dict):
         return "{" + ", ".join(f"{name} = {_lua(item)}" for name, item in value.items()) + "}"
     if isinstance(value, tuple):
@@ -63,6 +64,11 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "RQ_STATUS": {state.value: state.rq_status for state in JobState},
         "LOG_MAX_LINES": settings.log_max_lines,
         "RETENTION": settings.retention_seconds,
+        "EVENTS": keys.events,
+        "START_LATENCY": keys.start_latency,
+        "START_BUCKETS": bounds_ms(START_BUCKETS),
+        "RUN_TIME": keys.run_time,
+        "RUN_BUCKETS": bounds_ms(RUN_BUCKETS),
     }
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in constants.items())
 

@@ -8,6 +8,7 @@ revoke them by name; revoking publishes the name, so open websockets of that tok
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from datetime import datetime, timedelta, timezone
 from typing import cast
@@ -49,7 +50,7 @@ class TokenStore:
             raise TokenError(str(exc).replace("invalid job", "invalid token", 1)) from None
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         digest = token_hash(token)
-        ttl = int(expires_in * 1000) if expires_in is not None else None
+        ttl = math.ceil(expires_in * 1000) if expires_in is not None else None  # never 0: Redis refuses it
 
         def write(pipe: Pipeline) -> None:
             # Both keys or neither; a name whose token expired may be used again.

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request, send_file
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from werkzeug.datastructures import FileStorage
+from werkzeug.utils import secure_filename
 
-from ..errors import OutputNotProduced, TokenError
-from ..models import JobState, Launcher, RetryOn, Role
+from .. import archive
+from ..errors import ArchiveError, OutputNotProduced, TokenError
+from ..models import JobState, Launcher, RetryOn, Role, validation_message
 from ..units import parse_duration
 from .auth import client, requires
 from .errors import ApiError
@@ -87,11 +91,49 @@ def list_jobs() -> Response:
 @api.post("/jobs")
 @requires("submitter")
 def submit() -> tuple[Response, int]:
-    """Queue a command job; answers its id (201)."""
-    body: SubmitRequest = _body(SubmitRequest)
-    fields = body.model_dump(exclude={"requirements"})
-    job = client().submit(**fields, **body.requirements)
+    """Queue a command job; answers its id (201). The body is the job as JSON, or a multipart form
+    with that JSON in its ``spec`` field, the job's source folder as a tar archive (gzip or not) in
+    ``source``, and input files in ``inputs`` (each lands in the job's folder under its own name)."""
+    if request.mimetype != "multipart/form-data":
+        body: SubmitRequest = _body(SubmitRequest)
+        job = client().submit(**body.model_dump(exclude={"requirements"}), **body.requirements)
+        return jsonify(id=job.id), 201
+    try:
+        body = SubmitRequest.model_validate_json(request.form.get("spec", ""))
+    except ValidationError as exc:
+        raise ApiError(400, f"the spec field must hold the job as JSON: {validation_message(exc)}") from None
+    with tempfile.TemporaryDirectory(prefix="gpulayer-upload-") as scratch:
+        source = _unpacked(request.files.get("source"), Path(scratch) / "source")
+        inputs = _saved(request.files.getlist("inputs"), Path(scratch) / "inputs")
+        job = client().submit(
+            **body.model_dump(exclude={"requirements"}), source=source, inputs=inputs, **body.requirements
+        )
     return jsonify(id=job.id), 201
+
+
+def _unpacked(upload: FileStorage | None, folder: Path) -> Path | None:
+    if upload is None:
+        return None
+    folder.mkdir()
+    try:
+        archive.extract(upload.stream, folder)
+    except ArchiveError as exc:
+        raise ApiError(400, f"source: {exc}") from None
+    return folder
+
+
+def _saved(uploads: list[FileStorage], folder: Path) -> list[Path]:
+    folder.mkdir()
+    saved = []
+    for upload in uploads:
+        name = secure_filename(upload.filename or "")
+        if not name:
+            raise ApiError(400, f"inputs: {upload.filename!r} is not a usable file name")
+        if (folder / name).exists():
+            raise ApiError(400, f"inputs: two files are named {name!r}")
+        upload.save(folder / name)
+        saved.append(folder / name)
+    return saved
 
 
 @api.get("/jobs/<job_id>")
@@ -156,6 +198,30 @@ def outputs(job_id: str) -> Response:
 def workers() -> Response:
     """The connected workers: what each offers and what its jobs hold now."""
     return jsonify(workers=[worker.model_dump(mode="json") for worker in client().workers()])
+
+
+@api.get("/telemetry")
+@requires("viewer")
+def telemetry() -> Response:
+    """Each connected worker's samples (CPU, memory, each GPU) over the last ``minutes`` (at most 60),
+    oldest first."""
+    seconds = _int_arg("minutes", 60, 1, 60) * 60
+    samples = client().telemetry(seconds)
+    return jsonify(
+        interval=client().settings.telemetry_interval,
+        workers={name: [s.model_dump(mode="json") for s in found] for name, found in samples.items()},
+    )
+
+
+@api.get("/activity")
+@requires("viewer")
+def activity() -> Response:
+    """Samples of the installation (jobs by state, queue depths) over the last ``minutes`` (at most 60)."""
+    seconds = _int_arg("minutes", 60, 1, 60) * 60
+    return jsonify(
+        interval=client().settings.telemetry_interval,
+        samples=[sample.model_dump(mode="json") for sample in client().activity(seconds)],
+    )
 
 
 @api.get("/queues")

@@ -7,6 +7,7 @@ from flask import Flask
 from ..client import Client
 from . import errors, sockets
 from .api import api
+from .dashboard import dashboard
 from .hub import LazyHub
 from .login import login
 from .metrics import metrics
@@ -16,7 +17,7 @@ from .openapi import openapi
 def create_app(client: Client | None = None) -> Flask:
     """The app, over ``client`` (default: a :class:`Client` with the default connection). Its log
     hub thread starts with the first websocket."""
-    app = Flask("gpulayer.web")
+    app = Flask("gpulayer.web", static_folder=None)  # the dashboard serves /static itself
     app.json.sort_keys = False  # type: ignore[attr-defined]  # fields in the models' order
     connected = client or Client()
     app.extensions["gpulayer.client"] = connected
@@ -26,7 +27,10 @@ def create_app(client: Client | None = None) -> Flask:
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Strict",
         SESSION_COOKIE_NAME="gpulayer_session",
+        # Uploads (a job's source and inputs) past the job's own limit are refused before they are read.
+        MAX_CONTENT_LENGTH=connected.settings.max_job_bytes + 1024 * 1024,
     )
+    app.register_blueprint(dashboard)
     app.register_blueprint(login)
     app.register_blueprint(api)
     app.register_blueprint(metrics)

@@ -1,8 +1,9 @@
-"""Live log lines for every websocket of one server process, from one Redis connection.
+"""Live log lines and events for every websocket of one server process, from one Redis connection.
 
 One thread reads the log streams of all the jobs being watched in a single blocking ``XREAD`` and
 hands each line to every socket watching that job; a socket that joins late first gets the lines
-the hub had already passed. It also listens for revoked tokens, and closes their sockets.
+the hub had already passed. The same thread hears the events channel (job states, workers,
+telemetry) while any socket follows it, and revoked tokens, whose sockets it closes.
 """
 
 from __future__ import annotations
@@ -27,22 +28,23 @@ _BLOCK_MS = 100
 #: Lines read per stream per round.
 _COUNT = 500
 
-#: What a watcher receives: a line with its id, the job's end (its final state), or its token's revocation.
+#: What a watcher receives: a line with its id, the job's end (its final state), an event (JSON text),
+#: or its token's revocation.
 Event = tuple[str, Any]
 
 
 @dataclasses.dataclass(eq=False)
 class Watcher:
-    """One websocket following one job's log."""
+    """One websocket following one job's log (``job_id``), or the events channel (``job_id`` None)."""
 
-    job_id: str
+    job_id: str | None
     token: str
     inbox: queue.Queue[Event] = dataclasses.field(default_factory=queue.Queue)
 
 
-class LogHub(threading.Thread):
+class Hub(threading.Thread):
     def __init__(self, redis: Redis, keys: Keys) -> None:
-        super().__init__(name="gpulayer-log-hub", daemon=True)
+        super().__init__(name="gpulayer-hub", daemon=True)
         self._redis = redis
         self._keys = keys
         self._lock = threading.Lock()
@@ -51,11 +53,18 @@ class LogHub(threading.Thread):
         #: Per watched job: the id of the last line handed out, and who watches it.
         self._cursors: dict[str, str] = {}
         self._watchers: dict[str, list[Watcher]] = {}
+        self._listeners: list[Watcher] = []
         self._stopping = threading.Event()
 
     def watch(self, job_id: str, token: str, after: str = "0-0") -> Watcher:
         """Follow a job's log from the line after ``after``; read the watcher's inbox."""
-        watcher = Watcher(job_id, token)
+        return self._join(Watcher(job_id, token), after)
+
+    def listen(self, token: str) -> Watcher:
+        """Follow the events channel from now on."""
+        return self._join(Watcher(None, token), "$")
+
+    def _join(self, watcher: Watcher, after: str) -> Watcher:
         with self._lock:
             self._joining.append((watcher, after))
         return watcher
@@ -68,15 +77,20 @@ class LogHub(threading.Thread):
         self._stopping.set()
 
     def run(self) -> None:
-        revoked = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        revoked.subscribe(self._keys.tokens_revoked)
+        channels = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        channels.subscribe(self._keys.tokens_revoked)
+        following = False
         while not self._stopping.is_set():
             try:
                 self._admit()
+                # Every job's every state change crosses the events channel: heard only while wanted.
+                if bool(self._listeners) != following:
+                    following = not following
+                    (channels.subscribe if following else channels.unsubscribe)(self._keys.events)
                 self._read()
-                self._revocations(revoked.get_message)
+                self._messages(channels.get_message)
             except Exception:  # the hub must outlive any one bad read; sockets retry through it
-                log.exception("the log hub failed a round; going on")
+                log.exception("the hub failed a round; going on")
                 self._stopping.wait(1.0)
 
     def _admit(self) -> None:
@@ -84,6 +98,9 @@ class LogHub(threading.Thread):
             joining, self._joining = self._joining, []
             leaving, self._leaving = self._leaving, []
         for watcher in leaving:
+            if watcher.job_id is None:
+                self._listeners = [w for w in self._listeners if w is not watcher]
+                continue
             remaining = [w for w in self._watchers.get(watcher.job_id, []) if w is not watcher]
             if remaining:
                 self._watchers[watcher.job_id] = remaining
@@ -92,6 +109,9 @@ class LogHub(threading.Thread):
                 self._cursors.pop(watcher.job_id, None)
         for watcher, after in joining:
             job = watcher.job_id
+            if job is None:
+                self._listeners.append(watcher)
+                continue
             if job in self._cursors:
                 # Late: it first gets what the hub already handed out after its own cursor.
                 for line_id, line in self._page(job, after, self._cursors[job]):
@@ -144,13 +164,17 @@ class LogHub(threading.Thread):
                 watcher.inbox.put(("end", ended[job]))
             self._cursors.pop(job, None)
 
-    def _revocations(self, get_message: Callable[..., dict[str, Any] | None]) -> None:
+    def _messages(self, get_message: Callable[..., dict[str, Any] | None]) -> None:
         while (message := get_message(timeout=0)) is not None:
-            name = message["data"].decode()
-            for watchers in self._watchers.values():
+            data = message["data"].decode()
+            if message["channel"].decode() == self._keys.events:
+                for watcher in self._listeners:
+                    watcher.inbox.put(("event", data))
+                continue
+            for watchers in (*self._watchers.values(), self._listeners):
                 for watcher in watchers:
-                    if watcher.token == name:
-                        watcher.inbox.put(("revoked", name))
+                    if watcher.token == data:
+                        watcher.inbox.put(("revoked", data))
 
 
 class LazyHub:
@@ -159,7 +183,7 @@ class LazyHub:
 
     def __init__(self, client: Client) -> None:
         self._client = client
-        self._hub: LogHub | None = None
+        self._hub: Hub | None = None
         self._lock = threading.Lock()
 
     def stop(self) -> None:
@@ -170,9 +194,9 @@ class LazyHub:
                 self._hub.join(5)
                 self._hub = None
 
-    def get(self) -> LogHub:
+    def get(self) -> Hub:
         with self._lock:
             if self._hub is None or not self._hub.is_alive():
-                self._hub = LogHub(self._client.redis, self._client.keys)
+                self._hub = Hub(self._client.redis, self._client.keys)
                 self._hub.start()
             return self._hub

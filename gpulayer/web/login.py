@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import secrets
 
-from flask import Blueprint, Response, jsonify, request, session
+from flask import Blueprint, Response, g, jsonify, request, session
 
 from ..store.tokens import token_hash
-from .auth import client
+from .auth import client, requires
 from .errors import ApiError
 
 login = Blueprint("login", __name__)
@@ -35,6 +35,14 @@ def log_in() -> Response:
     session["token"] = token_hash(str(token))
     session["csrf"] = secrets.token_urlsafe(32)
     return jsonify(name=info.name, role=info.role, csrf_token=session["csrf"])
+
+
+@login.get("/api/v1/session")
+@requires("viewer")
+def current() -> Response:
+    """Who the request is: its token's name and role, and the session's CSRF token (none for a
+    request that sent its token itself). The dashboard asks this when it opens."""
+    return jsonify(name=g.token.name, role=g.token.role, csrf_token=session.get("csrf"))
 
 
 @login.post("/logout")

@@ -3,11 +3,12 @@ collector of our own, so the numbers are the installation's, whichever server pr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..client import Client
@@ -17,12 +18,13 @@ metrics = Blueprint("metrics", __name__)
 
 
 class InstallationCollector(Collector):
-    """Jobs by state, queue depths, workers, and each worker's CPU slots and GPUs in use."""
+    """Jobs by state, queue depths, workers, each worker's CPU slots and GPUs in use and its latest
+    telemetry, and the histograms of jobs' start latency and run time."""
 
     def __init__(self, connected: Client) -> None:
         self._client = connected
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily(
             "gpulayer_jobs", "Jobs by state (ended ones until their retention)", labels=["state"]
         )
@@ -48,6 +50,53 @@ class InstallationCollector(Collector):
             gpus.add_metric([worker.name, "free"], len(worker.gpus) - len(worker.gpus_busy))
         yield slots
         yield gpus
+        yield from self._telemetry()
+        help_texts = {
+            "start_latency": "Time from queued to running (files fetched, process started)",
+            "run_time": "Time jobs ran, from start to end",
+        }
+        for name, histogram in self._client.histograms().items():
+            yield HistogramMetricFamily(
+                f"gpulayer_job_{name}_seconds",
+                help_texts[name],
+                buckets=[(_le(bound), count) for bound, count in histogram.buckets],
+                sum_value=histogram.total,
+            )
+
+    def _telemetry(self) -> Iterator[GaugeMetricFamily]:
+        """Each worker's latest sample, if it is recent (a few intervals old at most)."""
+        recent = self._client.telemetry(self._client.settings.telemetry_interval * 3)
+        cpu = GaugeMetricFamily("gpulayer_worker_cpu_percent", "CPU use per worker", labels=["worker"])
+        memory = GaugeMetricFamily(
+            "gpulayer_worker_memory_used_bytes", "Memory in use per worker's machine", labels=["worker"]
+        )
+        labels = ["worker", "gpu", "uuid", "simulated"]
+        use = GaugeMetricFamily("gpulayer_gpu_utilization_percent", "GPU utilisation", labels=labels)
+        used = GaugeMetricFamily("gpulayer_gpu_memory_used_bytes", "GPU memory in use", labels=labels)
+        total = GaugeMetricFamily("gpulayer_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        heat = GaugeMetricFamily("gpulayer_gpu_temperature_celsius", "GPU temperature", labels=labels)
+        for worker, samples in recent.items():
+            if not samples:
+                continue
+            latest = samples[-1]
+            cpu.add_metric([worker], latest.cpu_percent)
+            memory.add_metric([worker], latest.memory_used)
+            for gpu in latest.gpus:
+                names = [worker, str(gpu.index), gpu.uuid, str(gpu.simulated).lower()]
+                total.add_metric(names, gpu.memory_total)
+                for family, value in (
+                    (use, gpu.utilization),
+                    (used, gpu.memory_used),
+                    (heat, gpu.temperature),
+                ):
+                    if value is not None:
+                        family.add_metric(names, value)
+        yield from (cpu, memory, use, used, total, heat)
+
+
+def _le(bound: float) -> str:
+    """A bucket's bound as Prometheus spells it."""
+    return "+Inf" if math.isinf(bound) else str(bound)
 
 
 @metrics.get("/metrics")

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .. import __version__
-from ..inventory import WorkerInfo
-from ..models import JobRecord, JobState, LogLine, QueueInfo, TokenInfo
+from ..inventory import Telemetry, WorkerInfo
+from ..models import ActivitySample, JobRecord, JobState, LogLine, QueueInfo, TokenInfo
 from .api import SubmitRequest, TokenRequest
 
 openapi = Blueprint("openapi", __name__, url_prefix="/api/v1")
@@ -23,6 +23,8 @@ _MODELS: list[type[BaseModel]] = [
     WorkerInfo,
     QueueInfo,
     TokenInfo,
+    Telemetry,
+    ActivitySample,
     SubmitRequest,
     TokenRequest,
 ]
@@ -47,6 +49,14 @@ _JOB_ID = {
     "in": "path",
     "required": True,
     "schema": {"type": "string", "pattern": "^[0-9a-f]{12}$"},
+}
+
+
+_MINUTES = {
+    "name": "minutes",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "integer", "minimum": 1, "maximum": 60},
 }
 
 
@@ -89,7 +99,26 @@ def document() -> dict[str, Any]:
                 status="201",
                 requestBody={
                     "required": True,
-                    "content": {"application/json": {"schema": _ref(SubmitRequest)}},
+                    "content": {
+                        "application/json": {"schema": _ref(SubmitRequest)},
+                        "multipart/form-data": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "spec": {
+                                        "type": "string",
+                                        "description": "The job as JSON (SubmitRequest)",
+                                    },
+                                    "source": {"type": "string", "format": "binary"},
+                                    "inputs": {
+                                        "type": "array",
+                                        "items": {"type": "string", "format": "binary"},
+                                    },
+                                },
+                                "required": ["spec"],
+                            }
+                        },
+                    },
                 },
             ),
         },
@@ -140,6 +169,47 @@ def document() -> dict[str, Any]:
                 "The connected workers",
                 "viewer",
                 _json(_object(workers={"type": "array", "items": _ref(WorkerInfo)})),
+            )
+        },
+        "/api/v1/telemetry": {
+            "get": _operation(
+                "Each connected worker's telemetry samples, oldest first",
+                "viewer",
+                _json(
+                    _object(
+                        interval={"type": "number"},
+                        workers={
+                            "type": "object",
+                            "additionalProperties": {"type": "array", "items": _ref(Telemetry)},
+                        },
+                    )
+                ),
+                parameters=[_MINUTES],
+            )
+        },
+        "/api/v1/activity": {
+            "get": _operation(
+                "Samples of the installation (jobs by state, queue depths), oldest first",
+                "viewer",
+                _json(
+                    _object(
+                        interval={"type": "number"}, samples={"type": "array", "items": _ref(ActivitySample)}
+                    )
+                ),
+                parameters=[_MINUTES],
+            )
+        },
+        "/api/v1/session": {
+            "get": _operation(
+                "Who the request is, and its session's CSRF token (null for a token sent with the request)",
+                "viewer",
+                _json(
+                    _object(
+                        name={"type": "string"},
+                        role={"type": "string"},
+                        csrf_token={"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    )
+                ),
             )
         },
         "/api/v1/queues": {

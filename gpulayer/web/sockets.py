@@ -1,11 +1,13 @@
 """Websockets: ``/ws/jobs/<id>/logs`` sends a job's log lines, those stored first, then each new one
-as it is printed, until the job ends. Its token and the request's Origin are checked before the
-connection is upgraded; revoking the token closes it."""
+as it is printed, until the job ends; ``/ws/events`` sends every job's state changes, workers joining
+and leaving, and each worker's telemetry samples. The token and the request's Origin are checked
+before a connection is upgraded; revoking the token closes it."""
 
 from __future__ import annotations
 
 import json
 import queue
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,7 +16,7 @@ from flask_sock import Sock
 
 from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client
 from .errors import ApiError
-from .hub import LazyHub, LogHub
+from .hub import Hub, LazyHub, Watcher
 
 sockets = Blueprint("sockets", __name__, url_prefix="/ws")
 sock = Sock()
@@ -40,7 +42,7 @@ def _same_origin(origin: str, host: str) -> bool:
     return page.netloc == host if ":" in host else page.hostname == host
 
 
-def hub() -> LogHub:
+def hub() -> Hub:
     lazy: LazyHub = current_app.extensions["gpulayer.hub"]
     return lazy.get()
 
@@ -50,7 +52,34 @@ def job_logs(ws: Any, job_id: str) -> None:
     """``?rank=R`` keeps one rank of a gang job; ``?after=ID`` starts after that line."""
     client().get(job_id)  # 404 (as a close) for a job that does not exist
     rank = request.args.get("rank")
-    watcher = hub().watch(job_id, g.token.name, request.args.get("after", "0-0"))
+
+    def send(kind: str, value: Any) -> bool:
+        if kind == "end":
+            ws.send(json.dumps({"end": value}))
+            return False
+        line_id, line = value
+        if rank is None or str(line.rank) == rank:
+            ws.send(json.dumps({"id": line_id, **line.model_dump(mode="json")}))
+        return True
+
+    _pump(ws, hub().watch(job_id, g.token.name, request.args.get("after", "0-0")), send)
+
+
+@sock.route("/events", bp=sockets)  # type: ignore[untyped-decorator]
+def events(ws: Any) -> None:
+    """Each event as its JSON text: ``{"type": "job", "id", "state"}``, ``{"type": "worker", "name",
+    "event": "joined"|"left"}``, ``{"type": "telemetry", "worker", "sample"}``."""
+
+    def send(kind: str, value: Any) -> bool:
+        ws.send(value)
+        return True
+
+    _pump(ws, hub().listen(g.token.name), send)
+
+
+def _pump(ws: Any, watcher: Watcher, send: Callable[[str, Any], bool]) -> None:
+    """Hand what the hub gives ``watcher`` to ``send`` until it says stop, the client goes, or the
+    token is revoked."""
     try:
         while True:
             try:
@@ -58,15 +87,10 @@ def job_logs(ws: Any, job_id: str) -> None:
             except queue.Empty:
                 ws.receive(timeout=0)  # raises once the client has gone
                 continue
-            if kind == "line":
-                line_id, line = value
-                if rank is None or str(line.rank) == rank:
-                    ws.send(json.dumps({"id": line_id, **line.model_dump(mode="json")}))
-            elif kind == "end":
-                ws.send(json.dumps({"end": value}))
-                return
-            else:
+            if kind == "revoked":
                 ws.close(reason=1008, message="token revoked")
+                return
+            if not send(kind, value):
                 return
     finally:
         hub().leave(watcher)

@@ -38,15 +38,18 @@ from rq.worker import BaseWorker, WorkerStatus
 
 from ..errors import ConfigError
 from ..inventory import GPU, Offer, WorkerInfo
-from ..models import MAX_SPEC_BYTES, JobSpec, JobState, validation_message
+from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
 from ..server import address_towards
 from ..settings import Settings
 from ..signing import SECRET_FILE, load_secret
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
 from ..store.gangs import GangStore, Hold
+from ..store.jobs import JobStore
 from ..store.keys import Keys
+from ..store.queues import QueueStore
 from ..store.scripts import Scripts
+from ..store.telemetry import TelemetryStore
 from ..store.workers import WorkerStore
 from .executors import ExecutorPool
 from .functions import CodeBundles, FunctionRuntime
@@ -57,6 +60,7 @@ from .parts import PartRunner
 from .process import JobProcesses, become_subreaper
 from .queues import ServedQueues
 from .runner import Context, JobRunner, StopReason
+from .telemetry import TelemetryReporter
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -150,6 +154,9 @@ class Worker(BaseWorker):
         self.address = advertise_addr or _address_towards(connection)
         self.artifacts = RedisArtifactStore(connection, self.keys)
         self._keeper: LeaseKeeper | None = None
+        self._telemetry_store = TelemetryStore(connection, self.keys, settings.telemetry_interval)
+        self._jobs = JobStore(connection, self.keys, scripts, settings)
+        self._telemetry: TelemetryReporter | None = None
         self.workdir = workdir or settings.home / "work" / name
         self._base_env = dict(os.environ)
         self._runners: dict[str, JobRunner] = {}
@@ -219,6 +226,11 @@ class Worker(BaseWorker):
             )
         self.connection.delete(self.key)
         super().register_birth()  # type: ignore[no-untyped-call]
+        self._telemetry_store.announce(self.display_name, "joined")
+
+    def register_death(self) -> None:
+        super().register_death()  # type: ignore[no-untyped-call]
+        self._telemetry_store.announce(self.display_name, "left")
 
     def subscribe(self) -> None:
         """RQ's command channel (stop-job, shutdown), the channel new queues are announced on, and
@@ -237,11 +249,17 @@ class Worker(BaseWorker):
             stop_all=self._stop_all,
         )
         self._keeper.start()
+        self._telemetry = TelemetryReporter(
+            self._telemetry_store, self.display_name, self.offer.gpus, self._busy_gpus, self._activity
+        )
+        self._telemetry.start()
         self._refresh_queues()
 
     def unsubscribe(self) -> None:
         if self._keeper is not None:
             self._keeper.stop()
+        if self._telemetry is not None:
+            self._telemetry.stop()
         if self._listener is not None:
             self._listener.stop()
 
@@ -250,6 +268,20 @@ class Worker(BaseWorker):
         with self._lock:
             claims = [runner.claim for runner in self._runners.values()] + list(self._claimed)
         return [(claim.job_id, claim.attempt) for claim in claims]
+
+    def _busy_gpus(self) -> set[int]:
+        with self._lock:
+            claims = [runner.claim for runner in self._runners.values()] + list(self._claimed)
+        return {index for claim in claims for index in claim.gpus}
+
+    def _activity(self) -> ActivitySample:
+        queues, gangs = QueueStore(self.connection, self.keys).list()
+        return ActivitySample(
+            time=int(time.time() * 1000),
+            jobs=self._jobs.counts(),
+            queues={queue.name: queue.depth for queue in queues},
+            gangs_waiting=gangs,
+        )
 
     def _channels(self) -> dict[str, Any]:
         channels: dict[str, Any] = {

@@ -1,5 +1,6 @@
 -- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, GANGS,
--- GANG_WAKE, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES, RETENTION; see
+-- GANG_WAKE, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES, RETENTION,
+-- EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS; see
 -- gpulayer/store/scripts.py) and then this
 -- file before each script. Keys of jobs named only by id are built here with key(); the scripts run
 -- on one Redis, not a cluster. Times of leases and back-offs are Redis's own (TIME), never a client's.
@@ -18,9 +19,26 @@ local function display(rq_name)
   return string.sub(rq_name, #PREFIX + 1)
 end
 
--- Moves a job to a state: its gl_state, its RQ status, and the per-state index.
+-- Adds one observation (ms) to a histogram hash: a count in the first bucket it fits, 'sum' and 'count'.
+local function observe(hist, bounds, ms)
+  local bucket = #bounds
+  for i, bound in ipairs(bounds) do
+    if ms <= bound then
+      bucket = i - 1
+      break
+    end
+  end
+  redis.call('hincrby', hist, bucket, 1)
+  redis.call('hincrby', hist, 'sum', ms)
+  redis.call('hincrby', hist, 'count', 1)
+end
+
+-- Moves a job to a state: its gl_state, its RQ status, and the per-state index; for a job users know
+-- (not a part of a gang job), times how long it waited to start and how long it ran, and tells the
+-- dashboard (EVENTS).
 local function set_state(id, jobkey, state)
-  local old = redis.call('hget', jobkey, 'gl_state')
+  local v = redis.call('hmget', jobkey, 'gl_state', 'gl_parent', 'gl_queued_ms', 'gl_running_ms')
+  local old = v[1]
   if old then
     redis.call('zrem', key(K.jobs_in, old), id)
   end
@@ -29,6 +47,21 @@ local function set_state(id, jobkey, state)
     redis.call('zadd', key(K.jobs_in, state), score, id)
   end
   redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
+  if v[2] then
+    return
+  end
+  local now = now_ms()
+  if state == 'queued' then
+    redis.call('hset', jobkey, 'gl_queued_ms', now)
+  elseif state == 'running' then
+    redis.call('hset', jobkey, 'gl_running_ms', now)
+    if v[3] then
+      observe(START_LATENCY, START_BUCKETS, now - tonumber(v[3]))
+    end
+  elseif old == 'running' and v[4] then
+    observe(RUN_TIME, RUN_BUCKETS, now - tonumber(v[4]))
+  end
+  redis.call('publish', EVENTS, cjson.encode({type = 'job', id = id, state = state}))
 end
 
 -- True while this worker's attempt still owns the job: the fencing check before any write of a worker.

@@ -1,0 +1,318 @@
+"""The dashboard in a real browser: Debian's Chromium, driven by Playwright, against `gpulayer server`
+and a real worker with simulated GPUs. Logging in, submitting, live logs, cancelling, the workers and
+activity pages, and what a viewer is not offered.
+
+One server, one worker and one browser serve the whole module (each test gets a fresh browser
+context, so a fresh session). Each test leaves screenshots in its tmp_path and in
+test-output/browser/ at the repository's root."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from gpulayer import Client, JobState, Settings
+from gpulayer.server import free_port
+from tests.conftest import Workers, wait_for
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists():
+    pytest.skip(
+        "needs Debian's Chromium at /usr/bin/chromium (apt install chromium)", allow_module_level=True
+    )
+pytest.importorskip("playwright", reason="needs the playwright package (the dev extras)")
+
+from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+
+#: Where screenshots are copied for people to look at (ignored by git).
+OUTPUT = Path(__file__).resolve().parents[1] / "test-output" / "browser"
+#: The machine running the tests may be slow: every wait for the page allows this long (ms).
+WAIT_MS = 30_000
+ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+FAKE_GPUS = [{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}, {"name": "NVIDIA L4", "memory_gb": 24}]
+
+expect.set_options(timeout=WAIT_MS)
+
+
+@dataclass
+class Stack:
+    url: str
+    client: Client
+    #: A working token of each role the dashboard serves, by role.
+    tokens: dict[str, str]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/openapi.json", timeout=2):
+            return True
+    except (urllib.error.URLError, ConnectionError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """`gpulayer server` and a worker named gpu-box with two simulated GPUs, for the whole module.
+    (Not conftest's `redis_url`, `client` and `workers`, which start afresh for every test: one
+    server and worker for the module keeps it quick. Nothing else uses Redis while it runs.)"""
+    connection = redis.Redis.from_url(redis_server)
+    connection.flushall()
+    connection.close()
+    base = tmp_path_factory.mktemp("browser")
+    env = {
+        **os.environ,
+        "GPULAYER_REDIS_URL": redis_server,
+        "GPULAYER_HOME": str(base / "home"),
+        "GPULAYER_KILL_GRACE_SECONDS": "2",
+        # Samples every second, so the charts and sparklines have some within a test.
+        "GPULAYER_TELEMETRY_INTERVAL": "1",
+    }
+    client = Client(redis_server, settings=Settings(home=base / "home"))
+    workers = Workers(client, env, base / "worker-logs")
+    url = f"http://127.0.0.1:{free_port()}"
+    with open(base / "server.log", "ab") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "gpulayer", "server", "--port", url.rsplit(":", 1)[1]],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        workers.start("gpu-box", 4, "--fake-gpus", json.dumps(FAKE_GPUS))
+
+        def ready() -> bool:
+            assert server.poll() is None, (base / "server.log").read_text()
+            return _answers(url)
+
+        wait_for(ready, what="the server to answer")
+        tokens = {
+            role: client.create_token(f"browser-{role}", role)[0] for role in ("admin", "submitter", "viewer")
+        }
+        yield Stack(url, client, tokens)
+    finally:
+        server.terminate()
+        server.wait(20)
+        workers.stop_all()
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser, stack: Stack) -> Iterator[Page]:
+    """A fresh context (no session, light system theme). Fails the test on any script error or
+    Content-Security-Policy violation the page reports."""
+    context = browser.new_context(base_url=stack.url, viewport={"width": 1360, "height": 860})
+    opened = context.new_page()
+    opened.set_default_timeout(WAIT_MS)
+    problems: list[str] = []
+    opened.on("pageerror", lambda error: problems.append(f"script error: {error}"))
+    opened.on(
+        "console",
+        lambda message: problems.append(message.text) if "Content Security Policy" in message.text else None,
+    )
+    yield opened
+    context.close()
+    assert not problems
+
+
+@pytest.fixture
+def shot(page: Page, tmp_path: Path, request: pytest.FixtureRequest) -> Callable[..., None]:
+    """Screenshot the page as <test name>[-suffix].png."""
+
+    def take(suffix: str = "") -> None:
+        name = request.node.name + (f"-{suffix}" if suffix else "")
+        path = tmp_path / f"{name}.png"
+        page.screenshot(path=path, full_page=True)
+        OUTPUT.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, OUTPUT / path.name)
+
+    return take
+
+
+def log_in(page: Page, token: str) -> None:
+    page.goto("/")
+    page.get_by_test_id("token-input").fill(token)
+    page.get_by_test_id("login-button").click()
+    expect(page.get_by_test_id("topbar")).to_be_visible()
+
+
+def test_a_bad_token_is_refused_with_its_reason_and_a_good_one_logs_in(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    page.goto("/")
+    page.get_by_test_id("token-input").fill("glt_not-a-token")
+    page.get_by_test_id("login-button").click()
+    expect(page.get_by_test_id("login-error")).to_have_text("the token is unknown, revoked or expired")
+    shot("refused")
+    page.get_by_test_id("token-input").fill(stack.tokens["admin"])
+    page.get_by_test_id("login-button").click()
+    expect(page.get_by_test_id("whoami")).to_contain_text("browser-admin")
+    expect(page.get_by_test_id("role")).to_have_text("admin")
+    # The session outlives a reload: the page asks /api/v1/session when it opens.
+    page.reload()
+    expect(page.get_by_test_id("role")).to_have_text("admin")
+    expect(page.get_by_test_id("jobs-table")).to_be_visible()
+    shot()
+    page.get_by_test_id("logout").click()
+    expect(page.get_by_test_id("login-form")).to_be_visible()
+    page.reload()
+    expect(page.get_by_test_id("login-form")).to_be_visible()
+
+
+def test_a_job_submitted_from_the_form_appears_in_the_table_and_succeeds(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    log_in(page, stack.tokens["submitter"])
+    form = page.get_by_test_id("submit-form")
+    form.get_by_test_id("submit-command").fill("echo 'hello from the browser'")
+    form.get_by_test_id("submit-name").fill("from-the-form")
+    form.get_by_test_id("submit-button").click()
+    row = page.get_by_test_id("job-row").filter(has_text="from-the-form")
+    expect(row).to_have_count(1)
+    expect(row.get_by_test_id("state")).to_have_text("succeeded")
+    job_id = row.get_attribute("data-id")
+    assert job_id is not None
+    assert stack.client.get(job_id).status().command == ["echo", "hello from the browser"]
+    # A refused job says why, in the form.
+    form.get_by_test_id("submit-cpus").fill("5000")
+    form.get_by_test_id("submit-button").click()
+    expect(form.get_by_test_id("submit-error")).to_contain_text("cpus")
+    shot()
+
+
+def test_log_lines_arrive_on_the_job_page_as_the_job_prints_them(
+    page: Page, stack: Stack, shot: Callable[..., None], tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    script = (
+        f"echo waiting; while [ ! -e {go} ]; do sleep 0.1; done; "
+        "for i in 1 2 3 4 5; do echo line $i; done; echo oops >&2"
+    )
+    job = stack.client.submit(["sh", "-c", script], name="printer")
+    log_in(page, stack.tokens["viewer"])
+    page.goto(f"/#/jobs/{job.id}")
+    lines = page.get_by_test_id("log-line")
+    expect(lines).to_have_count(1)
+    expect(lines.first).to_contain_text("waiting")
+    expect(page.get_by_test_id("job-state")).to_have_text("running")
+    expect(page.get_by_test_id("log-status")).to_have_text("live")
+    # The job goes on only now, so what follows can only arrive live.
+    go.touch()
+    expect(lines).to_have_count(7)
+    expect(lines.nth(5)).to_contain_text("line 5")
+    expect(lines.last).to_have_class(re.compile(r"\bstderr\b"))
+    expect(page.get_by_test_id("log-status")).to_have_text("ended · succeeded")
+    expect(page.get_by_test_id("job-state")).to_have_text("succeeded")
+    shot()
+
+
+def test_a_gang_jobs_log_shows_all_ranks_or_one(page: Page, stack: Stack, shot: Callable[..., None]) -> None:
+    job = stack.client.submit(
+        ["sh", "-c", 'echo "hello from rank $RANK"'], name="gang", nodes=1, procs_per_node=2
+    )
+    assert job.wait(30).state is JobState.SUCCEEDED
+    log_in(page, stack.tokens["viewer"])
+    page.goto(f"/#/jobs/{job.id}")
+    lines = page.get_by_test_id("log-line")
+    expect(lines.filter(has_text="hello from rank")).to_have_count(2)
+    page.get_by_test_id("rank-select").select_option("1")
+    expect(lines.filter(has_text="hello from rank")).to_have_count(1)
+    expect(lines.filter(has_text="hello from rank")).to_contain_text("hello from rank 1")
+    shot()
+
+
+def test_a_running_job_is_cancelled_from_its_page(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    job = stack.client.submit(["sleep", "120"], name="to-cancel")
+    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    log_in(page, stack.tokens["submitter"])
+    page.goto(f"/#/jobs/{job.id}")
+    expect(page.get_by_test_id("job-state")).to_have_text("running")
+    page.get_by_test_id("cancel").click()
+    expect(page.get_by_test_id("job-state")).to_have_text("cancelled")
+    expect(page.get_by_test_id("cancel")).to_have_count(0)
+    assert job.status().state is JobState.CANCELLED
+    shot()
+
+
+def test_the_workers_page_shows_the_worker_its_simulated_gpus_and_its_telemetry(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    log_in(page, stack.tokens["viewer"])
+    page.get_by_test_id("nav-workers").click()
+    card = page.get_by_test_id("worker-card").filter(has_text="gpu-box")
+    expect(card.get_by_test_id("worker-name")).to_have_text("gpu-box")
+    expect(card.get_by_test_id("gpu-row")).to_have_count(2)
+    expect(card.get_by_test_id("simulated")).to_have_count(2)
+    expect(card.get_by_test_id("gpu-row").first).to_contain_text("NVIDIA A100-SXM4-80GB")
+    # Telemetry came: the CPU sparkline has a line.
+    expect(card.locator("[data-testid=cpu-spark] path.line")).to_have_count(1)
+    shot()
+
+
+def test_a_viewer_is_offered_no_submit_form_and_no_cancel_button(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    waiting = stack.client.submit(["true"], name="waits-for-mars", labels={"zone": "mars"})
+    log_in(page, stack.tokens["viewer"])
+    expect(page.get_by_test_id("role")).to_have_text("viewer")
+    expect(page.get_by_test_id("job-row").filter(has_text="waits-for-mars")).to_have_count(1)
+    expect(page.get_by_test_id("submit-form")).to_have_count(0)
+    page.goto(f"/#/jobs/{waiting.id}")
+    expect(page.get_by_test_id("job-state")).to_have_text("queued")
+    expect(page.get_by_test_id("placement-reasons")).to_contain_text("needs label zone=mars")
+    expect(page.get_by_test_id("cancel")).to_have_count(0)
+    shot()
+    waiting.cancel()
+
+
+def test_the_activity_page_charts_the_samples_and_the_theme_toggle_is_remembered(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    log_in(page, stack.tokens["admin"])
+    page.get_by_test_id("nav-activity").click()
+    for chart in ("chart-active", "chart-cpu", "chart-gpu"):
+        expect(page.get_by_test_id(chart).locator("path.line").first).to_be_attached()
+    expect(page.get_by_test_id("chart-cpu").locator(".legend")).to_contain_text("gpu-box")
+    five_minutes = page.get_by_test_id("span").get_by_role("button", name="5m", exact=True)
+    five_minutes.click()
+    expect(five_minutes).to_have_attribute("aria-pressed", "true")
+    shot()
+    page.get_by_test_id("theme-toggle").click()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    page.reload()
+    expect(page.locator("html")).to_have_attribute("data-theme", "dark")
+    expect(page.get_by_test_id("chart-cpu").locator("path.line").first).to_be_attached()
+    shot("dark")
+    page.get_by_test_id("nav-jobs").click()
+    expect(page.get_by_test_id("job-row").first).to_be_visible()
+    shot("dark-jobs")
