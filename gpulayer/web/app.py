@@ -8,20 +8,20 @@ from ..client import Client
 from . import errors, sockets
 from .api import api
 from .dashboard import dashboard
-from .hub import LazyHub
+from .hub import Hub
 from .login import login
 from .metrics import metrics
 from .openapi import openapi
 
 
 def create_app(client: Client | None = None) -> Flask:
-    """The app, over ``client`` (default: a :class:`Client` with the default connection). Its log
-    hub thread starts with the first websocket."""
+    """The app, over ``client`` (default: a :class:`Client` with the default connection). Its hub's
+    threads start with the first websocket."""
     app = Flask("gpulayer.web", static_folder=None)  # the dashboard serves /static itself
     app.json.sort_keys = False  # type: ignore[attr-defined]  # fields in the models' order
     connected = client or Client()
     app.extensions["gpulayer.client"] = connected
-    app.extensions["gpulayer.hub"] = LazyHub(connected)
+    app.extensions["gpulayer.hub"] = Hub(connected)
     app.config.update(
         SECRET_KEY=connected.session_key(),
         SESSION_COOKIE_HTTPONLY=True,

@@ -1,9 +1,10 @@
-"""Live log lines and events for every websocket of one server process, from one Redis connection.
+"""Live log lines and events for every websocket of one server process, from two Redis connections.
 
 One thread reads the log streams of all the jobs being watched in a single blocking ``XREAD`` and
 hands each line to every socket watching that job; a socket that joins late first gets the lines
-the hub had already passed. The same thread hears the events channel (job states, workers,
-telemetry) while any socket follows it, and revoked tokens, whose sockets it closes.
+the hub had already passed. Another listens on pub/sub: the events channel (job states, workers,
+telemetry) while any socket follows it, and revoked tokens, whose sockets it closes. Each blocks on
+its own connection, so neither waits on the other.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import dataclasses
 import logging
 import queue
 import threading
-from collections.abc import Callable
 from typing import Any, cast
 
 from redis import Redis
@@ -42,29 +42,23 @@ class Watcher:
     inbox: queue.Queue[Event] = dataclasses.field(default_factory=queue.Queue)
 
 
-class Hub(threading.Thread):
+class LogHub(threading.Thread):
     def __init__(self, redis: Redis, keys: Keys) -> None:
-        super().__init__(name="gpulayer-hub", daemon=True)
+        super().__init__(name="gpulayer-log-hub", daemon=True)
         self._redis = redis
         self._keys = keys
         self._lock = threading.Lock()
         self._joining: list[tuple[Watcher, str]] = []
         self._leaving: list[Watcher] = []
+        self._revoked: list[str] = []
         #: Per watched job: the id of the last line handed out, and who watches it.
         self._cursors: dict[str, str] = {}
         self._watchers: dict[str, list[Watcher]] = {}
-        self._listeners: list[Watcher] = []
         self._stopping = threading.Event()
 
     def watch(self, job_id: str, token: str, after: str = "0-0") -> Watcher:
         """Follow a job's log from the line after ``after``; read the watcher's inbox."""
-        return self._join(Watcher(job_id, token), after)
-
-    def listen(self, token: str) -> Watcher:
-        """Follow the events channel from now on."""
-        return self._join(Watcher(None, token), "$")
-
-    def _join(self, watcher: Watcher, after: str) -> Watcher:
+        watcher = Watcher(job_id, token)
         with self._lock:
             self._joining.append((watcher, after))
         return watcher
@@ -73,45 +67,38 @@ class Hub(threading.Thread):
         with self._lock:
             self._leaving.append(watcher)
 
+    def revoke(self, token: str) -> None:
+        """Close the sockets of a revoked token (at the next round)."""
+        with self._lock:
+            self._revoked.append(token)
+
     def stop(self) -> None:
         self._stopping.set()
 
     def run(self) -> None:
-        channels = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        channels.subscribe(self._keys.tokens_revoked)
-        following = False
         while not self._stopping.is_set():
             try:
                 self._admit()
-                # Every job's every state change crosses the events channel: heard only while wanted.
-                if bool(self._listeners) != following:
-                    following = not following
-                    (channels.subscribe if following else channels.unsubscribe)(self._keys.events)
                 self._read()
-                self._messages(channels.get_message)
             except Exception:  # the hub must outlive any one bad read; sockets retry through it
-                log.exception("the hub failed a round; going on")
+                log.exception("the log hub failed a round; going on")
                 self._stopping.wait(1.0)
 
     def _admit(self) -> None:
         with self._lock:
             joining, self._joining = self._joining, []
             leaving, self._leaving = self._leaving, []
+            revoked, self._revoked = self._revoked, []
         for watcher in leaving:
-            if watcher.job_id is None:
-                self._listeners = [w for w in self._listeners if w is not watcher]
-                continue
-            remaining = [w for w in self._watchers.get(watcher.job_id, []) if w is not watcher]
+            job = cast(str, watcher.job_id)
+            remaining = [w for w in self._watchers.get(job, []) if w is not watcher]
             if remaining:
-                self._watchers[watcher.job_id] = remaining
+                self._watchers[job] = remaining
             else:
-                self._watchers.pop(watcher.job_id, None)
-                self._cursors.pop(watcher.job_id, None)
+                self._watchers.pop(job, None)
+                self._cursors.pop(job, None)
         for watcher, after in joining:
-            job = watcher.job_id
-            if job is None:
-                self._listeners.append(watcher)
-                continue
+            job = cast(str, watcher.job_id)
             if job in self._cursors:
                 # Late: it first gets what the hub already handed out after its own cursor.
                 for line_id, line in self._page(job, after, self._cursors[job]):
@@ -119,6 +106,11 @@ class Hub(threading.Thread):
             else:
                 self._cursors[job] = after
             self._watchers.setdefault(job, []).append(watcher)
+        for token in revoked:
+            for watchers in self._watchers.values():
+                for watcher in watchers:
+                    if watcher.token == token:
+                        watcher.inbox.put(("revoked", token))
 
     def _page(self, job_id: str, after: str, until: str) -> list[tuple[str, LogLine]]:
         raw = cast(
@@ -164,39 +156,100 @@ class Hub(threading.Thread):
                 watcher.inbox.put(("end", ended[job]))
             self._cursors.pop(job, None)
 
-    def _messages(self, get_message: Callable[..., dict[str, Any] | None]) -> None:
-        while (message := get_message(timeout=0)) is not None:
-            data = message["data"].decode()
-            if message["channel"].decode() == self._keys.events:
-                for watcher in self._listeners:
-                    watcher.inbox.put(("event", data))
-                continue
-            for watchers in (*self._watchers.values(), self._listeners):
-                for watcher in watchers:
-                    if watcher.token == data:
-                        watcher.inbox.put(("revoked", data))
+
+class Channels(threading.Thread):
+    """The pub/sub side: events for ``/ws/events`` sockets (subscribed only while one is open, since
+    every job's every state change crosses that channel) and revoked tokens for every socket."""
+
+    def __init__(self, redis: Redis, keys: Keys, logs: LogHub) -> None:
+        super().__init__(name="gpulayer-channels", daemon=True)
+        self._redis = redis
+        self._keys = keys
+        self._logs = logs
+        self._lock = threading.Lock()
+        self._listeners: list[Watcher] = []
+        self._stopping = threading.Event()
+
+    def listen(self, token: str) -> Watcher:
+        """Follow the events channel from now on (from the next round: up to ``_BLOCK_MS``)."""
+        watcher = Watcher(None, token)
+        with self._lock:
+            self._listeners.append(watcher)
+        return watcher
+
+    def leave(self, watcher: Watcher) -> None:
+        with self._lock:
+            self._listeners = [w for w in self._listeners if w is not watcher]
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run(self) -> None:
+        channels = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        channels.subscribe(self._keys.tokens_revoked)
+        following = False
+        while not self._stopping.is_set():
+            try:
+                with self._lock:
+                    wanted = bool(self._listeners)
+                if wanted != following:
+                    following = wanted
+                    (channels.subscribe if wanted else channels.unsubscribe)(self._keys.events)
+                message = channels.get_message(timeout=_BLOCK_MS / 1000)
+                if message is not None:
+                    self._hand_out(message)
+            except Exception:  # as the log hub: outlive any one bad round
+                log.exception("the channel listener failed a round; going on")
+                self._stopping.wait(1.0)
+
+    def _hand_out(self, message: dict[str, Any]) -> None:
+        data = message["data"].decode()
+        with self._lock:
+            listeners = list(self._listeners)
+        if message["channel"].decode() == self._keys.events:
+            for watcher in listeners:
+                watcher.inbox.put(("event", data))
+            return
+        for watcher in listeners:
+            if watcher.token == data:
+                watcher.inbox.put(("revoked", data))
+        self._logs.revoke(data)
 
 
-class LazyHub:
-    """The app's hub, started by the first socket that needs it: in the process that serves it, not
-    in one that forks servers later (threads do not survive a fork)."""
+class Hub:
+    """The app's two threads, started by the first socket that needs them: in the process that
+    serves it, not in one that forks servers later (threads do not survive a fork)."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
-        self._hub: Hub | None = None
+        self._threads: tuple[LogHub, Channels] | None = None
         self._lock = threading.Lock()
 
     def stop(self) -> None:
-        """Stop the hub thread, if it runs (it starts again when needed)."""
+        """Stop the threads, if they run (they start again when needed)."""
         with self._lock:
-            if self._hub is not None:
-                self._hub.stop()
-                self._hub.join(5)
-                self._hub = None
+            for thread in self._threads or ():
+                thread.stop()
+                thread.join(5)
+            self._threads = None
 
-    def get(self) -> Hub:
+    def _started(self) -> tuple[LogHub, Channels]:
         with self._lock:
-            if self._hub is None or not self._hub.is_alive():
-                self._hub = Hub(self._client.redis, self._client.keys)
-                self._hub.start()
-            return self._hub
+            if self._threads is None or not all(thread.is_alive() for thread in self._threads):
+                for thread in self._threads or ():
+                    thread.stop()
+                logs = LogHub(self._client.redis, self._client.keys)
+                self._threads = (logs, Channels(self._client.redis, self._client.keys, logs))
+                for thread in self._threads:
+                    thread.start()
+            return self._threads
+
+    def watch(self, job_id: str, token: str, after: str = "0-0") -> Watcher:
+        return self._started()[0].watch(job_id, token, after)
+
+    def listen(self, token: str) -> Watcher:
+        return self._started()[1].listen(token)
+
+    def leave(self, watcher: Watcher) -> None:
+        logs, channels = self._started()
+        (channels if watcher.job_id is None else logs).leave(watcher)

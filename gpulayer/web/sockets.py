@@ -16,7 +16,7 @@ from flask_sock import Sock
 
 from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client
 from .errors import ApiError
-from .hub import Hub, LazyHub, Watcher
+from .hub import Hub, Watcher
 
 sockets = Blueprint("sockets", __name__, url_prefix="/ws")
 sock = Sock()
@@ -43,8 +43,8 @@ def _same_origin(origin: str, host: str) -> bool:
 
 
 def hub() -> Hub:
-    lazy: LazyHub = current_app.extensions["gpulayer.hub"]
-    return lazy.get()
+    found: Hub = current_app.extensions["gpulayer.hub"]
+    return found
 
 
 @sock.route("/jobs/<job_id>/logs", bp=sockets)  # type: ignore[untyped-decorator]
