@@ -4,7 +4,7 @@ The worker starts it as it starts any rank (with torchrun's environment, or thro
 the code bundle's folder. It runs the call as an executor does (:func:`executor.run`); rank 0
 writes what it returned, and a rank whose call raised writes its exception, to
 ``FOLDER/<rank>.result`` (a JSON header line, then the signed pickle), for the worker to store as
-the job's result. It exits 1 if the call raised.
+the job's result. It exits 1 if the call raised, and without the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ def main(argv: list[str]) -> None:
     rank = os.environ.get("RANK", "0")
     if rank == "0" or not reply["ok"]:
         Path(argv[2], rank + RESULT_SUFFIX).write_bytes(json.dumps(reply).encode() + b"\n" + blob)
-    sys.exit(0 if reply["ok"] else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The result is written: skip the interpreter's teardown, where threads a call left behind
+    # (gloo's, after destroy_process_group) now and then abort the process and fail a finished rank.
+    os._exit(0 if reply["ok"] else 1)
 
 
 if __name__ == "__main__":
