@@ -4,6 +4,7 @@ The page holds no data; it reads everything through the API with the browser's s
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from flask import Blueprint, Response, send_from_directory
@@ -11,9 +12,21 @@ from flask import Blueprint, Response, send_from_directory
 from .errors import ApiError
 
 dashboard = Blueprint("dashboard", __name__)
-#: Where the dashboard's files are: ``GPULAYER_WEB_ROOT``, or ``web/`` beside the package in a source
-#: checkout (an editable install, as the README's commands make).
-WEB_ROOT = Path(os.environ.get("GPULAYER_WEB_ROOT") or Path(__file__).resolve().parents[2] / "web")
+
+
+def _web_root() -> Path:
+    """Where the dashboard's files are: ``GPULAYER_WEB_ROOT``; else ``web/`` beside the package in a
+    source checkout (an editable install, as the README's commands make); else where a wheel put
+    them, ``<prefix>/share/gpulayer/web``."""
+    if os.environ.get("GPULAYER_WEB_ROOT"):
+        return Path(os.environ["GPULAYER_WEB_ROOT"])
+    checkout = Path(__file__).resolve().parents[2] / "web"
+    return (
+        checkout if (checkout / "index.html").is_file() else Path(sys.prefix) / "share" / "gpulayer" / "web"
+    )
+
+
+WEB_ROOT = _web_root()
 
 
 def _send(name: str) -> Response:
