@@ -91,7 +91,7 @@ export function mountActivity(root) {
   const timer = setInterval(() => !document.hidden && render(), 5000);
   return () => {
     clearInterval(timer);
-    clearTimeout(queued);
+    schedule.cancel();
     activity.stop();
     telemetry.stop();
     Object.values(charts).forEach((chart) => chart.destroy());

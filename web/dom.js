@@ -29,14 +29,17 @@ export const STATES = ["queued", "scheduled", "running", "succeeded", "failed", 
 
 /** A coloured state badge; running ones carry a pulsing dot. */
 // Runs `action` once, `ms` after the first of a burst of calls: many events, one redraw.
+// `.cancel()` drops a pending run (a page that is left).
 export function debounced(action, ms) {
   let timer = null;
-  return () => {
+  const call = () => {
     timer ??= setTimeout(() => {
       timer = null;
       action();
     }, ms);
   };
+  call.cancel = () => clearTimeout(timer);
+  return call;
 }
 
 export function badge(state, testid = "state") {

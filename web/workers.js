@@ -65,8 +65,8 @@ export function mountWorkers(root) {
   load();
   return () => {
     clearInterval(timer);
-    clearTimeout(reloading);
-    clearTimeout(queued);
+    reloadSoon.cancel();
+    schedule.cancel();
     telemetry.stop();
     stops.forEach((stop) => stop());
   };
