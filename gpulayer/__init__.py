@@ -14,9 +14,14 @@ job.wait()
 job.download_outputs("results")
 
 gl.DistributedJob(["python", "ddp.py"], nodes=2, gpus_per_node=4).submit()  # 8 ranks on 2 machines
+
+gl.torch.Trainer(max_epochs=10, devices=2).fit(model)  # a PyTorch Trainer (pip install 'gpulayer[torch]')
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from .client import Client, Job
 from .distributed import DistributedJob
@@ -50,6 +55,17 @@ from .models import Attempt, Distributed, GangPart, JobRecord, JobSpec, JobState
 from .placement import Plan, Reason
 from .requirements import Requirements
 from .settings import Settings
+
+if TYPE_CHECKING:  # type checkers see gl.torch's types; at run time it is imported on first use
+    from . import torch as torch
+
+
+def __getattr__(name: str) -> ModuleType:
+    """``gl.torch``, imported on first use: ``import gpulayer`` stays quick and needs no PyTorch."""
+    if name == "torch":
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 try:
     __version__ = version("gpulayer")

@@ -1,0 +1,37 @@
+"""``gl.torch``: a PyTorch Trainer that runs one script in this process, as data-parallel ranks on
+this machine, or as the ranks of a GPUlayer gang job, and resumes a run its machine lost.
+
+import gpulayer as gl
+
+class Regression(gl.torch.Module): ...          # training_step, configure_optimizers, ...
+
+trainer = gl.torch.Trainer(max_epochs=10, devices=2, callbacks=[gl.torch.EarlyStopping("val_loss")])
+trainer.fit(Regression(), train_loader, val_loader)
+trainer.test(Regression(), test_loader, ckpt_path="best")
+
+Needs PyTorch: ``pip install 'gpulayer[torch]'``. See docs/trainer.md.
+"""
+
+try:
+    import torch as _torch  # noqa: F401  # only to fail early, in one line, when it is missing
+except ImportError as missing:
+    raise ImportError("gpulayer.torch needs PyTorch: pip install 'gpulayer[torch]'") from missing
+
+from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from .module import Module
+from .optim import OptimizerConfig, Optimizers, SchedulerConfig
+from .progress import ProgressBar
+from .trainer import Trainer
+
+__all__ = [
+    "Callback",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "Module",
+    "OptimizerConfig",
+    "Optimizers",
+    "ProgressBar",
+    "SchedulerConfig",
+    "Trainer",
+]

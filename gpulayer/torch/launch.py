@@ -1,0 +1,65 @@
+"""Start ``devices`` ranks on this machine, run one Trainer call in each, and bring rank 0's outcome back.
+
+The ranks are new Python processes started with ``spawn`` (``torch.multiprocessing``): the script
+that called the Trainer is imported in each, not run, so its ``if __name__ == "__main__":`` block
+starts nothing there. The call (the trainer, the module, the data) reaches them through
+cloudpickle, which carries classes defined in that script or in a notebook by value. Each rank
+gets the environment torchrun would give it, so the Trainer inside joins the process group as
+it would under torchrun or in a GPUlayer gang job. A rank that raises ends them all, and its
+traceback is raised here. A rank whose parent dies is sent SIGINT.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import torch
+from torch.multiprocessing.spawn import start_processes
+
+from ..server import free_port
+from .ranks import leave
+
+
+def run_ranks(count: int, call: Callable[[], Any], seed: int) -> Any:
+    """Run ``call`` in ``count`` local ranks; rank 0's value. Rank ``r`` seeds its generators with
+    ``seed + r``, so a script that seeds before calling the Trainer is reproducible."""
+    payload = cloudpickle.dumps(call)
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="gpulayer-ranks-") as folder:
+        result = Path(folder) / "rank0.pt"
+        start_processes(  # type: ignore[no-untyped-call]
+            _rank,
+            args=(count, port, seed, payload, str(result)),
+            nprocs=count,
+            join=True,
+            start_method="spawn",
+        )
+        # Our own file, just written by our own rank 0: not data from elsewhere.
+        return torch.load(result, weights_only=False)
+
+
+def _rank(rank: int, count: int, port: int, seed: int, payload: bytes, result: str) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(count),
+        LOCAL_WORLD_SIZE=str(count),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    if "OMP_NUM_THREADS" not in os.environ:
+        # As torchrun does: ranks sharing a machine would otherwise each start a thread per core.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // count))
+    torch.manual_seed(seed + rank)
+    random.seed(seed + rank)
+    call: Callable[[], Any] = cloudpickle.loads(payload)
+    value = call()
+    if rank == 0:
+        torch.save(value, result)
+    leave()

@@ -1,0 +1,460 @@
+"""``gl.torch.Trainer``: fit, validate, test and predict a :class:`Module`, in this process or as
+data-parallel ranks, with metrics files and checkpoints a new run resumes from.
+
+Where a call runs:
+
+* this process is already one rank of several (``torch.distributed`` is initialized, or the
+  environment names its rank as torchrun and GPUlayer gang jobs do): it runs as that rank;
+* else ``devices > 1``: it starts that many ranks on this machine (see ``launch.py``) and waits;
+* else here, in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader
+
+from . import checkpoint, data, launch
+from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
+from .loops import FitLoop, Session, evaluate, predict
+from .metrics import MetricsLog
+from .module import Module
+from .optim import Optimization
+from .precision import PRECISIONS, Precision, PrecisionName
+from .progress import ProgressBar
+from .ranks import Ranks
+
+Accelerator = Literal["auto", "cpu", "cuda", "mps"]
+#: Where a run's folder is when ``default_root_dir`` is not given, under the working directory.
+RUNS_FOLDER = "gpulayer_runs"
+
+
+class Trainer:
+    """Runs a :class:`Module`'s steps: ``fit``, ``validate``, ``test``, ``predict``.
+
+    ``accelerator``: ``"auto"`` takes CUDA, else MPS, else the CPU. ``devices``: ranks on this
+    machine (CUDA: one GPU each; CPU: processes sharing its cores). ``num_nodes`` and ``remote``:
+    run as a GPUlayer gang job (inside one, or under torchrun, the Trainer joins its ranks).
+    ``precision``: ``"32"``, ``"bf16"`` (bfloat16 autocast; ``"bf16-mixed"`` is the same) or
+    ``"16-mixed"`` (float16 autocast with a gradient scaler). ``compile``: ``module.compile()``.
+
+    Fitting stops at ``max_epochs`` or ``max_steps`` (optimizer steps), whichever comes first, or
+    when a callback sets ``should_stop``. ``accumulate_grad_batches`` batches make one optimizer
+    step; gradients are clipped to ``gradient_clip_val`` (by total norm, or by value). Validation
+    runs every ``check_val_every_n_epoch`` epochs at the epoch's end and, within an epoch, every
+    ``val_check_interval`` batches (an int) or fraction of the epoch (a float below 1.0).
+
+    ``default_root_dir`` is the run folder: ``metrics.json``, ``metrics.csv`` and ``checkpoints/``.
+    By default ``./gpulayer_runs/<GPULAYER_JOB_ID>`` in a GPUlayer job, else ``./gpulayer_runs/default``.
+    Only rank 0 writes there. Unless ``enable_checkpointing=False``, a :class:`ModelCheckpoint`
+    that writes only ``checkpoints/last.ckpt``, after every epoch, is added when none is given.
+
+    ``resume``: ``"auto"`` makes ``fit`` continue from the run folder's ``last.ckpt`` when there is
+    one (a rerun, or a GPUlayer job retried after its worker was lost, whose run folder survived),
+    else start afresh; ``False`` always starts afresh; a path continues from that checkpoint.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator = "auto",
+        devices: int = 1,
+        num_nodes: int = 1,
+        remote: bool = False,
+        precision: PrecisionName = "32",
+        compile: bool = False,
+        max_epochs: int | None = None,
+        max_steps: int | None = None,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: Literal["norm", "value"] = "norm",
+        check_val_every_n_epoch: int = 1,
+        val_check_interval: int | float = 1.0,
+        log_every_n_steps: int = 50,
+        callbacks: Sequence[Callback] = (),
+        default_root_dir: str | Path | None = None,
+        enable_checkpointing: bool = True,
+        enable_progress_bar: bool = True,
+        resume: Literal["auto", False] | str | Path = "auto",
+    ) -> None:
+        if accelerator not in ("auto", "cpu", "cuda", "mps"):
+            raise ValueError(f"accelerator must be auto, cpu, cuda or mps, not {accelerator!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+        for name, value in (("devices", devices), ("num_nodes", num_nodes),
+                            ("accumulate_grad_batches", accumulate_grad_batches),
+                            ("check_val_every_n_epoch", check_val_every_n_epoch),
+                            ("log_every_n_steps", log_every_n_steps)):  # fmt: skip
+            if value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
+        self.accelerator: Accelerator = accelerator
+        self.devices = devices
+        self.num_nodes = num_nodes
+        self.remote = remote
+        self.precision: PrecisionName = precision
+        self.compile = compile
+        self.max_epochs = max_epochs
+        self.max_steps = max_steps
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.val_check_interval = val_check_interval
+        self.log_every_n_steps = log_every_n_steps
+        self.resume = resume
+        job = os.environ.get("GPULAYER_JOB_ID") or "default"
+        self.run_dir = Path(default_root_dir or Path(RUNS_FOLDER) / job).absolute()
+        self.callbacks = _arranged(callbacks, self.run_dir, enable_checkpointing, enable_progress_bar)
+
+        # What the last call left, and what a callback may read during one.
+        self.current_epoch = 0
+        self.global_step = 0
+        self.should_stop = False
+        #: The latest value of every metric.
+        self.callback_metrics: dict[str, float] = {}
+        #: This epoch's means (training, then validation); in validate and test, that stage's.
+        self.epoch_metrics: dict[str, float] = {}
+        self.prog_bar_metrics: set[str] = set()
+        self.num_training_batches: int | None = None
+        self.stage: Stage | None = None
+        #: The checkpoint the last ``fit`` resumed from, if it did.
+        self.resumed_from: Path | None = None
+        self._ranks = Ranks()
+        self._metrics: MetricsLog | None = None
+        self._fit: FitLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"Trainer(devices={self.devices}, num_nodes={self.num_nodes}, run_dir={str(self.run_dir)!r})"
+
+    # -- what callbacks read
+
+    @property
+    def global_rank(self) -> int:
+        return self._ranks.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self._ranks.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._ranks.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self._ranks.is_zero
+
+    @property
+    def checkpoint_callback(self) -> ModelCheckpoint | None:
+        """The first :class:`ModelCheckpoint`: the one whose ``last.ckpt`` ``fit`` resumes from."""
+        return next((callback for callback in self.callbacks if isinstance(callback, ModelCheckpoint)), None)
+
+    @property
+    def optimizer(self) -> Optimizer | None:
+        return self._fit.optim.optimizer if self._fit is not None else None
+
+    @property
+    def lr_scheduler(self) -> LRScheduler | None:
+        return self._fit.optim.scheduler if self._fit is not None else None
+
+    @property
+    def metrics_log(self) -> MetricsLog:
+        """The run's metric rows: this run's, or what an earlier one left in ``metrics.json``."""
+        if self._metrics is None:
+            self._metrics = MetricsLog.existing(self.run_dir if self.is_global_zero else None)
+        return self._metrics
+
+    def log_value(self, name: str, value: float) -> None:
+        """Record ``value`` in this epoch's row of the metrics (for callbacks; steps use ``Module.log``)."""
+        self.callback_metrics[name] = float(value)
+        self.metrics_log.value(name, float(value))
+
+    # -- the four calls
+
+    def fit(
+        self,
+        module: Module,
+        train_dataloader: DataLoader[Any] | None = None,
+        val_dataloader: DataLoader[Any] | None = None,
+    ) -> dict[str, float]:
+        """Train ``module`` (on ``train_dataloader``, else ``module.train_dataloader()``), validating
+        on ``val_dataloader`` (else ``module.val_dataloader()``, if any); the final metrics. After
+        ranks started here, ``module`` holds rank 0's trained weights."""
+        if self.max_epochs is None and self.max_steps is None:
+            raise ValueError("fit needs Trainer(max_epochs=...) or Trainer(max_steps=...)")
+        if self._launches_ranks():
+            return self._in_ranks("fit", module, train_dataloader, val_dataloader)  # type: ignore[no-any-return]
+        train = train_dataloader if train_dataloader is not None else module.train_dataloader()
+        if train is None:
+            raise ValueError("fit needs a train_dataloader, or a module whose train_dataloader() returns one")
+        val = val_dataloader if val_dataloader is not None else module.val_dataloader()
+        with self._session(module, "fit") as session:
+            self._run_fit(session, module, train, val)
+        return dict(self.callback_metrics)
+
+    def validate(
+        self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
+    ) -> dict[str, float]:
+        """Run ``validation_step`` over the data; the logged metrics' means over it. ``ckpt_path``:
+        load these weights first (``"best"`` and ``"last"`` name the checkpoint callback's)."""
+        return self._evaluate("validate", module, dataloader, ckpt_path)
+
+    def test(
+        self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
+    ) -> dict[str, float]:
+        """Run ``test_step`` over the data; the logged metrics' means over it (see ``validate``)."""
+        return self._evaluate("test", module, dataloader, ckpt_path)
+
+    def predict(
+        self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
+    ) -> list[Any]:
+        """``predict_step``'s output for each batch, in order, moved to the CPU (from every rank)."""
+        if self._launches_ranks():
+            return self._in_ranks("predict", module, dataloader, ckpt_path)  # type: ignore[no-any-return]
+        loader = _given_or_module(dataloader, module, "predict")
+        with self._session(module, "predict") as session:
+            self._load_weights(module, ckpt_path)
+            loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
+            return predict(self, session, module, loader)
+
+    def save_checkpoint(self, *paths: str | Path) -> None:
+        """Write the fit's checkpoint to each of ``paths``: a collective (every rank calls it, with the
+        same paths, at the same point), since it gathers each rank's RNG state; only rank 0 writes."""
+        loop = self._fit
+        if loop is None:
+            raise RuntimeError("save_checkpoint works during fit (from a callback)")
+        per_rank = self._ranks.gather(loop.rank_state())
+        if not self.is_global_zero:
+            return
+        state = {
+            "format": checkpoint.FORMAT,
+            **loop.state(),
+            "state_dict": loop.module.state_dict(),
+            "callbacks": {callback.state_key: callback.state_dict() for callback in self.callbacks},
+            "ranks": per_rank,
+            "metrics": self.metrics_log.rows,
+            "callback_metrics": self.callback_metrics,
+        }
+        checkpoint.save(state, [Path(path) for path in paths])
+
+    # -- in this process, as one rank
+
+    def _run_fit(
+        self, session: Session, module: Module, train: DataLoader[Any], val: DataLoader[Any] | None
+    ) -> None:
+        optim = Optimization.parse(module.configure_optimizers())
+        ranks = session.ranks
+        path = self._resume_path() if ranks.is_zero else None
+        found = ranks.from_zero(checkpoint.load(path) if path is not None else None)
+        seed = found["seed"] if found else ranks.from_zero(int(torch.randint(2**31 - 1, ()).item()))
+        loop = FitLoop(self, session, module, train, val, optim, seed)
+        self.current_epoch = self.global_step = 0
+        self.should_stop = False
+        self.callback_metrics, self.prog_bar_metrics = {}, set()
+        self._metrics = MetricsLog(self.run_dir if ranks.is_zero else None)
+        self.resumed_from = ranks.from_zero(path)
+        if found:
+            self._metrics.rows = list(found["metrics"])
+            self.callback_metrics = dict(found["callback_metrics"])
+            for callback in self.callbacks:
+                if callback.state_key in found["callbacks"]:
+                    callback.load_state_dict(found["callbacks"][callback.state_key])
+            loop.restore(found)  # last: it sets the random generators as they were
+        self._fit = loop
+        try:
+            session.hooks.call("on_fit_start", self, module)
+            loop.run()
+            session.hooks.call("on_fit_end", self, module)
+        finally:
+            self._fit = None
+
+    def _evaluate(
+        self,
+        stage: Literal["validate", "test"],
+        module: Module,
+        dataloader: DataLoader[Any] | None,
+        ckpt_path: str | Path | None,
+    ) -> dict[str, float]:
+        if self._launches_ranks():
+            return self._in_ranks(stage, module, dataloader, ckpt_path)  # type: ignore[no-any-return]
+        loader = _given_or_module(dataloader, module, stage)
+        with self._session(module, stage) as session:
+            self._load_weights(module, ckpt_path)
+            loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
+            metrics = evaluate(self, session, module, loader, stage)
+            self.metrics_log.add(self.current_epoch, self.global_step, metrics)
+            self.metrics_log.write()
+        return metrics
+
+    @contextmanager
+    def _session(self, module: Module, stage: Stage) -> Iterator[Session]:
+        ranks = Ranks.current() or Ranks()
+        expected = self.devices * self.num_nodes
+        if ranks.distributed and ranks.world_size != expected:
+            warnings.warn(
+                f"running as rank {ranks.rank} of {ranks.world_size} as the environment says, "
+                f"not the {expected} that devices={self.devices} x num_nodes={self.num_nodes} make",
+                stacklevel=3,
+            )
+        device = self._device(ranks)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        ranks.join(device)
+        self._ranks = ranks
+        if self._metrics is not None:  # rows a caller took back from ranks it started: rank 0 writes them
+            self._metrics.folder = self.run_dir if ranks.is_zero else None
+        self.stage = stage
+        self.epoch_metrics = {}
+        session = Session(ranks, device, Precision(self.precision, device), Hooks(self.callbacks))
+        module.to(device)
+        if self.compile:
+            module.compile()
+        module._trainer = self
+        session.hooks.call("setup", self, module, stage)
+        try:
+            yield session
+        finally:
+            session.hooks.call("teardown", self, module, stage)
+            module._trainer = None
+            module._log_sink = None
+            self.stage = None
+        # Every rank ends the call together: rank 0 has written its files, none tears down early.
+        ranks.barrier()
+
+    def _device(self, ranks: Ranks) -> torch.device:
+        kind = self.accelerator
+        if kind == "auto":
+            kind = (
+                "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+            )
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("accelerator='cuda', but PyTorch sees no CUDA GPU here")
+            # A gang job gives each rank its own GPUs (it sees them from index 0); several ranks
+            # started here share the machine's, one each.
+            return torch.device("cuda", ranks.local_rank % torch.cuda.device_count())
+        if kind == "mps":
+            if not torch.backends.mps.is_available():
+                raise RuntimeError("accelerator='mps', but PyTorch sees no MPS device here")
+            if ranks.distributed:
+                raise RuntimeError("MPS runs one rank: use devices=1")
+        return torch.device(kind)
+
+    def _resume_path(self) -> Path | None:
+        if self.resume is False:
+            return None
+        if self.resume == "auto":
+            callback = self.checkpoint_callback
+            last = callback.last_path if callback is not None else self.run_dir / "checkpoints" / "last.ckpt"
+            return last if last.exists() else None
+        path = Path(self.resume)
+        if not path.exists():
+            raise FileNotFoundError(f"resume: no checkpoint at {path}")
+        return path
+
+    def _load_weights(self, module: Module, ckpt_path: str | Path | None) -> None:
+        """Load the weights of ``ckpt_path`` (read by rank 0, sent to every rank)."""
+        if ckpt_path is None:
+            return
+        path = Path(ckpt_path)
+        callback = self.checkpoint_callback
+        if ckpt_path in ("best", "last"):
+            if callback is None:
+                raise ValueError(f"ckpt_path={ckpt_path!r} needs a ModelCheckpoint callback")
+            path = Path(callback.best_model_path) if ckpt_path == "best" else callback.last_path
+            if ckpt_path == "best" and not callback.best_model_path:
+                raise ValueError("ckpt_path='best': the ModelCheckpoint has kept no checkpoint yet")
+        state = self._ranks.from_zero(checkpoint.load(path)["state_dict"] if self.is_global_zero else None)
+        module.load_state_dict(state)
+
+    # -- ranks started here
+
+    def _launches_ranks(self) -> bool:
+        """Whether this call must start ranks, rather than run in this process (as one rank)."""
+        if Ranks.current() is not None:
+            return False
+        if self.num_nodes > 1 or self.remote:
+            raise NotImplementedError(
+                "Trainer(num_nodes>1) and Trainer(remote=True) run as a GPUlayer gang job, which this "
+                "version does not start yet: submit the script with `gpulayer submit --nodes N` "
+                "or start it with torchrun, and the Trainer joins those ranks"
+            )
+        return self.devices > 1
+
+    def _in_ranks(self, call: str, module: Module, *args: Any) -> Any:
+        """Run ``self.<call>(module, *args)`` in ``devices`` local ranks; take back rank 0's outcome."""
+        seed = int(torch.randint(2**31 - 1, ()).item())
+        outcome = launch.run_ranks(self.devices, _Call(self, call, module, args), seed)
+        if outcome["state_dict"] is not None:
+            module.load_state_dict(outcome["state_dict"])
+        for name in ("current_epoch", "global_step", "should_stop", "callback_metrics", "resumed_from"):
+            setattr(self, name, outcome[name])
+        for callback in self.callbacks:
+            if callback.state_key in outcome["callbacks"]:
+                callback.load_state_dict(outcome["callbacks"][callback.state_key])
+        self._metrics = MetricsLog(self.run_dir, outcome["metrics"])
+        return outcome["value"]
+
+
+class _Call:
+    """One Trainer call, as a rank runs it: what it returns, and what the caller takes back of rank 0's
+    state (the trained weights after ``fit``, progress, metrics and callbacks' states)."""
+
+    def __init__(self, trainer: Trainer, call: str, module: Module, args: tuple[Any, ...]) -> None:
+        self.trainer, self.call, self.module, self.args = trainer, call, module, args
+
+    def __call__(self) -> dict[str, Any]:
+        trainer = self.trainer
+        value = getattr(trainer, self.call)(self.module, *self.args)
+        fitted = self.call == "fit"
+        return {
+            "value": value,
+            "state_dict": {k: v.cpu() for k, v in self.module.state_dict().items()} if fitted else None,
+            "current_epoch": trainer.current_epoch,
+            "global_step": trainer.global_step,
+            "should_stop": trainer.should_stop,
+            "callback_metrics": trainer.callback_metrics,
+            "resumed_from": trainer.resumed_from,
+            "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
+            "metrics": trainer.metrics_log.rows,
+        }
+
+
+def _arranged(
+    callbacks: Sequence[Callback], run_dir: Path, checkpointing: bool, progress: bool
+) -> list[Callback]:
+    """The callbacks a trainer runs: the given ones, a progress bar, and checkpoint callbacks last
+    (so that the state they save includes what the others did at the same hook)."""
+    arranged = list(callbacks)
+    if progress and not any(isinstance(callback, ProgressBar) for callback in arranged):
+        arranged.append(ProgressBar())
+    if checkpointing and not any(isinstance(callback, ModelCheckpoint) for callback in arranged):
+        arranged.append(ModelCheckpoint(save_top_k=0))  # last.ckpt alone: what a resume needs
+    for callback in arranged:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+            callback.dirpath = run_dir / "checkpoints"
+    keys = [callback.state_key for callback in arranged]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"two callbacks share a state_key (give them different settings): {keys}")
+    return [c for c in arranged if not isinstance(c, ModelCheckpoint)] + [
+        c for c in arranged if isinstance(c, ModelCheckpoint)
+    ]
+
+
+def _given_or_module(loader: DataLoader[Any] | None, module: Module, stage: str) -> DataLoader[Any]:
+    if loader is not None:
+        return loader
+    method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+    found: DataLoader[Any] | None = getattr(module, method)()
+    if found is None:
+        raise ValueError(f"{stage} needs a dataloader, or a module whose {method}() returns one")
+    return found
