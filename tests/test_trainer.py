@@ -22,6 +22,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer as gl
 from gpulayer.server import free_port
+from gpulayer.signing import ensure_secret
+from tests.conftest import Workers
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trainer_regression" / "train.py"
@@ -315,6 +317,34 @@ def test_two_ranks_reach_the_loss_one_process_reaches_on_the_same_data(tmp_path:
     # Rank 0 wrote the run's files, and nothing else did.
     files = sorted(str(path.relative_to(tmp_path / "two")) for path in (tmp_path / "two").rglob("*"))
     assert files == ["checkpoints", "checkpoints/last.ckpt", "metrics.csv", "metrics.json"]
+
+
+def test_num_nodes_runs_the_fit_as_a_gang_job_and_brings_its_run_folder_back(
+    client: gl.Client, workers: Workers, home: Path, tmp_path: Path
+) -> None:
+    """Two workers, one rank each: the same loss as two local ranks, rank 0's weights and its run
+    folder here, the job's parts on both workers."""
+    ensure_secret(home)  # the call travels signed, as remote functions' do
+    workers.start("node-a", 1)
+    workers.start("node-b", 1)
+    local, gang = Regression(), Regression()
+    here = trainer(tmp_path / "local", max_epochs=2, devices=2).fit(
+        local, loader(batch_size=4), loader(seed=1)
+    )
+    run = trainer(
+        tmp_path / "gang", max_epochs=2, num_nodes=2, job_options={"client": client, "source": ROOT}
+    )
+    there = run.fit(gang, loader(batch_size=4), loader(seed=1))
+
+    assert there["val_loss"] == pytest.approx(here["val_loss"], rel=1e-5)
+    assert torch.allclose(weights(gang), weights(local), atol=1e-6)
+    assert (run.current_epoch, run.global_step) == (2, 16)
+    files = sorted(str(path.relative_to(tmp_path / "gang")) for path in (tmp_path / "gang").rglob("*"))
+    assert files == ["checkpoints", "checkpoints/last.ckpt", "metrics.csv", "metrics.json"]
+    assert len(epoch_rows(tmp_path / "gang")) == 2
+    (job,) = client.jobs()
+    assert job.state is gl.JobState.SUCCEEDED
+    assert sorted(part.worker for part in job.parts) == ["node-a", "node-b"]
 
 
 def test_early_stopping_stops_every_rank_after_the_same_epoch(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from . import checkpoint, data, launch
+from . import checkpoint, data, launch, remote
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
 from .loops import FitLoop, Session, evaluate, predict
 from .metrics import MetricsLog
@@ -43,7 +43,11 @@ class Trainer:
 
     ``accelerator``: ``"auto"`` takes CUDA, else MPS, else the CPU. ``devices``: ranks on this
     machine (CUDA: one GPU each; CPU: processes sharing its cores). ``num_nodes`` and ``remote``:
-    run as a GPUlayer gang job (inside one, or under torchrun, the Trainer joins its ranks).
+    run each call as a GPUlayer gang job of ``num_nodes`` workers with ``devices`` ranks each (inside
+    one, or under torchrun, the Trainer joins its ranks); ``job_options`` are what that job is
+    submitted with besides (``client``, ``source``, ``timeout``, ``retries``, requirements per node
+    such as ``gpu_memory`` or ``labels``: what ``gl.remote`` takes; ``accelerator="cuda"``
+    reserves ``devices`` GPUs per node).
     ``precision``: ``"32"``, ``"bf16"`` (bfloat16 autocast; ``"bf16-mixed"`` is the same) or
     ``"16-mixed"`` (float16 autocast with a gradient scaler). ``compile``: ``module.compile()``.
 
@@ -85,6 +89,7 @@ class Trainer:
         enable_checkpointing: bool = True,
         enable_progress_bar: bool = True,
         resume: Literal["auto", False] | str | Path = "auto",
+        job_options: Mapping[str, Any] | None = None,
     ) -> None:
         if accelerator not in ("auto", "cpu", "cuda", "mps"):
             raise ValueError(f"accelerator must be auto, cpu, cuda or mps, not {accelerator!r}")
@@ -111,6 +116,7 @@ class Trainer:
         self.val_check_interval = val_check_interval
         self.log_every_n_steps = log_every_n_steps
         self.resume = resume
+        self.job_options = dict(job_options or {})
         job = os.environ.get("GPULAYER_JOB_ID") or "default"
         self.run_dir = Path(default_root_dir or Path(RUNS_FOLDER) / job).absolute()
         self.callbacks = _arranged(callbacks, self.run_dir, enable_checkpointing, enable_progress_bar)
@@ -131,6 +137,10 @@ class Trainer:
         self._ranks = Ranks()
         self._metrics: MetricsLog | None = None
         self._fit: FitLoop | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What a gang job is submitted with (a client among it) stays with the caller: ranks get none.
+        return {**self.__dict__, "job_options": {}}
 
     def __repr__(self) -> str:
         return f"Trainer(devices={self.devices}, num_nodes={self.num_nodes}, run_dir={str(self.run_dir)!r})"
@@ -191,8 +201,8 @@ class Trainer:
         ranks started here, ``module`` holds rank 0's trained weights."""
         if self.max_epochs is None and self.max_steps is None:
             raise ValueError("fit needs Trainer(max_epochs=...) or Trainer(max_steps=...)")
-        if self._launches_ranks():
-            return self._in_ranks("fit", module, train_dataloader, val_dataloader)  # type: ignore[no-any-return]
+        if (where := self._where()) != "here":
+            return self._elsewhere(where, "fit", module, train_dataloader, val_dataloader)  # type: ignore[no-any-return]
         train = train_dataloader if train_dataloader is not None else module.train_dataloader()
         if train is None:
             raise ValueError("fit needs a train_dataloader, or a module whose train_dataloader() returns one")
@@ -218,8 +228,8 @@ class Trainer:
         self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
     ) -> list[Any]:
         """``predict_step``'s output for each batch, in order, moved to the CPU (from every rank)."""
-        if self._launches_ranks():
-            return self._in_ranks("predict", module, dataloader, ckpt_path)  # type: ignore[no-any-return]
+        if (where := self._where()) != "here":
+            return self._elsewhere(where, "predict", module, dataloader, ckpt_path)  # type: ignore[no-any-return]
         loader = _given_or_module(dataloader, module, "predict")
         with self._session(module, "predict") as session:
             self._load_weights(module, ckpt_path)
@@ -284,8 +294,8 @@ class Trainer:
         dataloader: DataLoader[Any] | None,
         ckpt_path: str | Path | None,
     ) -> dict[str, float]:
-        if self._launches_ranks():
-            return self._in_ranks(stage, module, dataloader, ckpt_path)  # type: ignore[no-any-return]
+        if (where := self._where()) != "here":
+            return self._elsewhere(where, stage, module, dataloader, ckpt_path)  # type: ignore[no-any-return]
         loader = _given_or_module(dataloader, module, stage)
         with self._session(module, stage) as session:
             self._load_weights(module, ckpt_path)
@@ -378,22 +388,32 @@ class Trainer:
 
     # -- ranks started here
 
-    def _launches_ranks(self) -> bool:
-        """Whether this call must start ranks, rather than run in this process (as one rank)."""
+    def _where(self) -> Literal["here", "ranks", "job"]:
+        """Where this call runs: in this process (as one rank, maybe of ranks that exist already),
+        in ranks it starts here, or as a GPUlayer gang job."""
         if Ranks.current() is not None:
-            return False
+            return "here"
         if self.num_nodes > 1 or self.remote:
-            raise NotImplementedError(
-                "Trainer(num_nodes>1) and Trainer(remote=True) run as a GPUlayer gang job, which this "
-                "version does not start yet: submit the script with `gpulayer submit --nodes N` "
-                "or start it with torchrun, and the Trainer joins those ranks"
-            )
-        return self.devices > 1
+            return "job"
+        return "ranks" if self.devices > 1 else "here"
 
-    def _in_ranks(self, call: str, module: Module, *args: Any) -> Any:
-        """Run ``self.<call>(module, *args)`` in ``devices`` local ranks; take back rank 0's outcome."""
+    def relocate(self, run_dir: Path) -> None:
+        """Use ``run_dir`` as the run folder (and its ``checkpoints/`` for checkpoint callbacks that
+        had the old one's)."""
+        for callback in self.callbacks:
+            if isinstance(callback, ModelCheckpoint) and callback.dirpath == self.run_dir / "checkpoints":
+                callback.dirpath = run_dir / "checkpoints"
+        self.run_dir = run_dir
+
+    def _elsewhere(self, where: Literal["ranks", "job"], call: str, module: Module, *args: Any) -> Any:
+        """Run ``self.<call>(module, *args)`` in ranks started here or in a gang job; take back rank
+        0's outcome."""
         seed = int(torch.randint(2**31 - 1, ()).item())
-        outcome = launch.run_ranks(self.devices, _Call(self, call, module, args), seed)
+        work = _Call(self, call, module, args)
+        if where == "ranks":
+            outcome = launch.run_ranks(self.devices, work, seed)
+        else:
+            outcome = remote.run_job(self, work, seed)
         if outcome["state_dict"] is not None:
             module.load_state_dict(outcome["state_dict"])
         for name in ("current_epoch", "global_step", "should_stop", "callback_metrics", "resumed_from"):

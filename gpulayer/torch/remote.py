@@ -1,0 +1,74 @@
+"""Run one Trainer call as a GPUlayer gang job: ``num_nodes`` workers with ``devices`` ranks each,
+where the Trainer of every rank joins the job's process group (as it joins torchrun's). Rank 0's
+outcome comes back, with its run folder (metrics files and checkpoints) unpacked into the caller's.
+
+The call travels as a remote function does (cloudpickle, signed, with the project's code bundle),
+so the module may be defined in the calling script. On the workers, rank 0 writes the run folder
+under the machine's temporary folder, named by the job (``gpulayer-runs/<job id>``): a retry on the
+same machine resumes from its ``last.ckpt``; once the folder has come back, it is removed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import archive
+from ..distributed import DistributedJob
+from ..functions import FunctionHandle
+from .ranks import leave
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+#: Where rank 0 of a gang job keeps the run folder, under the machine's temporary folder.
+JOB_RUNS = "gpulayer-runs"
+
+
+def run_job(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> dict[str, Any]:
+    """Submit ``work`` (a call of ``trainer``) as a gang job and wait; rank 0's outcome, with its
+    run folder unpacked into ``trainer``'s."""
+    options = dict(trainer.job_options)
+    client = options.pop("client", None)
+    if trainer.accelerator == "cuda":
+        options.setdefault("gpus", trainer.devices)
+    job = DistributedJob(
+        _rank, nodes=trainer.num_nodes, procs_per_node=trainer.devices, args=(trainer, work, seed), **options
+    ).submit(client)
+    outcome: dict[str, Any] = FunctionHandle(job).result()
+    trainer.run_dir.mkdir(parents=True, exist_ok=True)
+    archive.extract(io.BytesIO(outcome.pop("run_folder")), trainer.run_dir)
+    return outcome
+
+
+def _rank(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> dict[str, Any]:
+    """One rank of the job: the call, as a rank of the job's process group. (``work`` holds this
+    same ``trainer``: they were pickled together.)"""
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(seed + rank)
+    random.seed(seed + rank)
+    folder = Path(tempfile.gettempdir(), JOB_RUNS, os.environ["GPULAYER_JOB_ID"])
+    trainer.relocate(folder)
+    outcome = work()
+    leave()
+    if rank == 0:
+        outcome["run_folder"] = _packed(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    return outcome
+
+
+def _packed(folder: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        if folder.is_dir():
+            tar.add(folder, arcname=".")
+    return buffer.getvalue()
