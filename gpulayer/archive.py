@@ -139,6 +139,14 @@ def inputs_manifest(paths: Iterable[Path]) -> Manifest:
     return manifest
 
 
+def folder_manifest(folder: Path) -> Manifest:
+    """Everything in ``folder``, named relative to it."""
+    manifest = Manifest()
+    for child in sorted(folder.iterdir()):
+        manifest.add_tree(child, child.name, folder)
+    return manifest
+
+
 def outputs_manifest(workdir: Path, patterns: Iterable[str]) -> tuple[Manifest, list[str]]:
     """What the job's declared outputs matched, and the patterns that matched nothing."""
     manifest, missing = Manifest(), []

@@ -27,7 +27,7 @@ Role = Literal["admin", "submitter", "viewer", "metrics"]
 MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the worker for every job; a job cannot set them itself.
-RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT"})
+RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT", "GPULAYER_CHECKPOINT_DIR"})
 
 
 class JobState(str, enum.Enum):

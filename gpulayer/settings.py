@@ -48,6 +48,9 @@ class Settings:
     #: Workers sample their machine (CPU, memory, GPUs) this often (seconds), for the dashboard and
     #: /metrics; Redis keeps an hour of samples.
     telemetry_interval: float = 5.0
+    #: A running job's checkpoint folder (GPULAYER_CHECKPOINT_DIR) is kept in Redis, when it changed,
+    #: this often (seconds), so a retry on any worker starts from it.
+    checkpoint_interval: float = 30.0
 
     def __post_init__(self) -> None:
         if not _PREFIX.match(self.prefix):
@@ -61,6 +64,7 @@ class Settings:
             "max_job_bytes",
             "retention_seconds",
             "telemetry_interval",
+            "checkpoint_interval",
         ):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{field} must be positive")
@@ -84,6 +88,7 @@ class Settings:
             "kill_grace_seconds": parse_duration,
             "gang_hold_after": parse_duration,
             "telemetry_interval": parse_duration,
+            "checkpoint_interval": parse_duration,
         }
         for name, parse in parsers.items():
             raw = env.get(f"GPULAYER_{name.upper()}")

@@ -270,3 +270,34 @@ def test_workers_and_clients_carry_on_after_redis_forgets_its_scripts(
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
     raw_redis.script_flush()
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+
+
+def test_a_retry_finds_the_checkpoint_folder_the_lost_attempt_kept_on_another_worker(
+    client: Client, workers: Workers, env: dict[str, str], tmp_path: Path
+) -> None:
+    """A job counts in its checkpoint folder; its worker dies; the retry, elsewhere, goes on counting.
+    A retry on a non-zero exit starts from the folder as the failed attempt left it too."""
+    workers.env = {**env, "GPULAYER_CHECKPOINT_INTERVAL": "0.1"}
+    doomed = workers.start("doomed", 1, "--label", "pool=c", *FAST)
+    count = (
+        'f="$GPULAYER_CHECKPOINT_DIR/n"; n=$(cat "$f" 2>/dev/null || echo 0); echo "from $n"; '
+        'while [ "$n" -lt 6 ]; do n=$((n+1)); echo "$n" > "$f.tmp"; mv "$f.tmp" "$f"; sleep 0.3; done'
+    )
+    job = client.submit(["sh", "-c", count], labels={"pool": "c"}, retries=1)
+    kept = client.keys.checkpoint(job.id)
+    wait_for(lambda: client.redis.exists(kept), what="a kept checkpoint")
+    kill_machine(doomed.pid)
+    workers.start("spare", 1, "--label", "pool=c", *FAST)
+    record = job.wait(30)
+    assert (record.state, record.attempt) == (JobState.SUCCEEDED, 2)
+    starts = [int(line.text.split()[1]) for line in job.logs() if line.text.startswith("from ")]
+    assert starts[0] == 0
+    assert 1 <= starts[1] < 6  # went on from what was kept, not from 0
+    assert not client.redis.exists(kept)
+
+    failing = (
+        'f="$GPULAYER_CHECKPOINT_DIR/tries"; echo x >> "$f"; n=$(wc -l < "$f"); echo "try $n"; [ "$n" -ge 2 ]'
+    )
+    again = client.submit(["sh", "-c", failing], labels={"pool": "c"}, retries=1, retry_on="exit")
+    assert again.wait(30).state is JobState.SUCCEEDED
+    assert [line.text for line in again.logs() if line.text.startswith("try")] == ["try 1", "try 2"]

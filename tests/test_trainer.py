@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer as gl
 from gpulayer.server import free_port
 from gpulayer.signing import ensure_secret
-from tests.conftest import Workers
+from tests.conftest import Workers, kill_machine, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "trainer_regression" / "train.py"
@@ -447,3 +447,52 @@ def test_ranks_a_launcher_started_join_its_process_group(tmp_path: Path) -> None
     assert outputs[1][0] == ""  # only rank 0 reports
     assert (summary["epochs"], summary["steps"], summary["predictions"]) == (3, 24, 128)
     assert [row["epoch"] for row in epoch_rows(tmp_path)] == [0, 1, 2]
+
+
+# -- as a GPUlayer job whose worker dies
+
+FAST = ("--lease-ttl", "1.5", "--heartbeat", "0.3")
+
+
+def test_a_job_whose_worker_dies_mid_fit_resumes_on_another_worker_from_its_kept_checkpoint(
+    client: gl.Client, workers: Workers, env: dict[str, str]
+) -> None:
+    """The example as a command job: its run folder is the job's checkpoint folder, kept in Redis
+    as it changes; the worker is killed mid-fit, and the retry, on another worker, starts from it."""
+    workers.env = {**env, "GPULAYER_CHECKPOINT_INTERVAL": "0.2"}
+    doomed = workers.start("doomed", 1, "--label", "pool=fit", *FAST)
+    # The run folder is the checkpoint folder; its metrics file comes home as an output.
+    train = "python3 train.py --accelerator cpu --max-epochs 20 --samples 4096 --patience 1000"
+    job = client.submit(
+        ["sh", "-c", f'{train} && cp "$GPULAYER_CHECKPOINT_DIR/metrics.json" .'],
+        source=EXAMPLE.parent,
+        env={"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+        labels={"pool": "fit"},
+        retries=1,
+        outputs=["metrics.json"],
+    )
+    kept = client.keys.checkpoint(job.id)
+    wait_for(lambda: client.redis.exists(kept), timeout=WAIT, what="a kept checkpoint")
+    assert job.status().state is gl.JobState.RUNNING
+    kill_machine(doomed.pid)
+    workers.start("spare", 1, "--label", "pool=fit", *FAST)
+
+    record = job.wait(WAIT)
+    lines = [(line.attempt, line.stream, line.text) for line in job.logs()]
+    assert record.state is gl.JobState.SUCCEEDED, lines[-20:]
+    assert [(a.attempt, a.worker, a.outcome) for a in record.attempts] == [
+        (1, "doomed", "lost"),
+        (2, "spare", "succeeded"),
+    ]
+    assert any(
+        attempt == 2 and stream == "system" and text.startswith("restored the checkpoint folder")
+        for attempt, stream, text in lines
+    )
+    summary = json.loads(next(text for attempt, stream, text in reversed(lines) if text.startswith("{")))
+    assert summary["resumed_from"].endswith("last.ckpt")
+    assert summary["epochs"] == 20
+    # One row per epoch, 0 to 19: the retry went on from the first attempt's epochs, not from 0.
+    job.download_outputs(Path(env["GPULAYER_HOME"]) / "out")
+    rows = epoch_rows(Path(env["GPULAYER_HOME"]) / "out")
+    assert [row["epoch"] for row in rows] == list(range(20))
+    assert not client.redis.exists(kept)  # gone with the job's end

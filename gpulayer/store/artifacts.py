@@ -25,6 +25,7 @@ from .keys import Keys
 SOURCE_ARCHIVE = "source.tar.gz"
 INPUTS_ARCHIVE = "inputs.tar.gz"
 OUTPUTS_ARCHIVE = "outputs.tar.gz"
+CHECKPOINT_ARCHIVE = "checkpoint.tar.gz"
 CHUNK = 1024 * 1024
 #: Chunks sent or fetched per round trip.
 _BATCH = 8
@@ -55,6 +56,10 @@ class ArtifactStore(Protocol):
     def put_outputs(
         self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
     ) -> int: ...
+
+    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> int: ...
+
+    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> int: ...
 
     def queue_inputs(self, pipe: Pipeline, job_id: str) -> None: ...
 
@@ -92,6 +97,16 @@ class RedisArtifactStore:
     ) -> int:
         """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish)."""
         return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe)
+
+    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> int:
+        """Stage an attempt's checkpoint archive (``keep_checkpoint.lua`` makes it the job's)."""
+        return self._put(
+            self._keys.staged_checkpoint(job_id, attempt), CHECKPOINT_ARCHIVE, stream, PENDING_TTL
+        )
+
+    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> int:
+        """The job's checkpoint archive into ``dest``; :class:`MissingArtifact` if none was kept."""
+        return self._get(self._keys.checkpoint(job_id), CHECKPOINT_ARCHIVE, dest)
 
     def queue_inputs(self, pipe: Pipeline, job_id: str) -> None:
         """Queue a read of the job's input files whole, for :func:`small_files` (a function's call)."""

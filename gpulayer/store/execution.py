@@ -157,6 +157,16 @@ class ExecutionStore:
             args.extend((stream, text, "" if rank is None else rank))
         return bool(self._scripts.run("append_logs", [self._keys.job(claim.job_id)], args))
 
+    def keep_checkpoint(self, claim: Claim) -> bool:
+        """Make the attempt's staged checkpoint archive the job's (a gang job's, for a part); False,
+        dropping it, if the attempt no longer owns the job."""
+        keys = [
+            self._keys.job(claim.job_id),
+            self._keys.staged_checkpoint(claim.target, claim.attempt),
+            self._keys.checkpoint(claim.target),
+        ]
+        return bool(self._scripts.run("keep_checkpoint", keys, [self.rq_name, claim.attempt]))
+
     def finish(
         self,
         claim: Claim,

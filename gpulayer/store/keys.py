@@ -88,6 +88,9 @@ class Keys:
             "inputs": f"{prefix}:files:{{}}:in",
             # Hash of a job's output archive (or a function's result), in chunks.
             "outputs": f"{prefix}:files:{{}}:out",
+            # Hash of the archive of a job's checkpoint folder (GPULAYER_CHECKPOINT_DIR), as its latest
+            # attempt last kept it: what a retry starts from.
+            "checkpoint": f"{prefix}:files:{{}}:ckpt",
             # Hash of a code bundle (the project folder remote functions run from), in chunks, by the
             # SHA-256 of its contents; kept a week past its last use.
             "bundle": f"{prefix}:bundle:{{}}",
@@ -151,6 +154,14 @@ class Keys:
         """A submit's files while uploading; renamed to :meth:`inputs` only if the job is created, so a
         submit that finds its id taken never touches the other job's files."""
         return f"{self.inputs(job_id)}:{upload}"
+
+    def checkpoint(self, job_id: str) -> str:
+        return self._key("checkpoint", job_id)
+
+    def staged_checkpoint(self, job_id: str, attempt: int) -> str:
+        """An attempt's checkpoint archive while uploading; renamed to :meth:`checkpoint` if the
+        attempt still owns the job."""
+        return f"{self.checkpoint(job_id)}:{attempt}"
 
     def bundle(self, digest: str) -> str:
         return self._key("bundle", digest)

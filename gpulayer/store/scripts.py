@@ -36,6 +36,7 @@ _NAMES = (
     "prune",
     "reap",
     "gang",
+    "keep_checkpoint",
 )
 
 

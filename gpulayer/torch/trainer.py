@@ -58,7 +58,9 @@ class Trainer:
     ``val_check_interval`` batches (an int) or fraction of the epoch (a float below 1.0).
 
     ``default_root_dir`` is the run folder: ``metrics.json``, ``metrics.csv`` and ``checkpoints/``.
-    By default ``./gpulayer_runs/<GPULAYER_JOB_ID>`` in a GPUlayer job, else ``./gpulayer_runs/default``.
+    By default, in a GPUlayer command job, the job's checkpoint folder (``GPULAYER_CHECKPOINT_DIR``:
+    kept in Redis as it changes, and given back to a retry on any worker); else
+    ``./gpulayer_runs/default``.
     Only rank 0 writes there. Unless ``enable_checkpointing=False``, a :class:`ModelCheckpoint`
     that writes only ``checkpoints/last.ckpt``, after every epoch, is added when none is given.
 
@@ -117,8 +119,7 @@ class Trainer:
         self.log_every_n_steps = log_every_n_steps
         self.resume = resume
         self.job_options = dict(job_options or {})
-        job = os.environ.get("GPULAYER_JOB_ID") or "default"
-        self.run_dir = Path(default_root_dir or Path(RUNS_FOLDER) / job).absolute()
+        self.run_dir = Path(default_root_dir or _default_run_dir()).absolute()
         self.callbacks = _arranged(callbacks, self.run_dir, enable_checkpointing, enable_progress_bar)
 
         # What the last call left, and what a callback may read during one.
@@ -447,6 +448,15 @@ class _Call:
             "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
             "metrics": trainer.metrics_log.rows,
         }
+
+
+def _default_run_dir() -> Path:
+    """A GPUlayer command job's checkpoint folder (kept in Redis while it runs, restored for a retry
+    on any worker); else ``gpulayer_runs/<job id>``, or ``gpulayer_runs/default`` outside a job."""
+    kept = os.environ.get("GPULAYER_CHECKPOINT_DIR")
+    if kept:
+        return Path(kept)
+    return Path(RUNS_FOLDER) / (os.environ.get("GPULAYER_JOB_ID") or "default")
 
 
 def _arranged(

@@ -41,6 +41,8 @@ from ..store.artifacts import (
 )
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
+from .checkpoints import CHECKPOINT_VARIABLE, CheckpointKeeper
+from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .executors import Executor, Key
 from .functions import FunctionRuntime
 from .output import Line, Tracked
@@ -124,6 +126,7 @@ class JobRunner:
         #: The first of several ranks that failed, and how (its exit status).
         self._failed: tuple[int | None, int] | None = None
         self._deadline = 0.0
+        self._checkpoints: CheckpointKeeper | None = None
         #: Set once the job's work is done and only its end is being recorded: the worker's spread
         #: delay does not count it as busy (its caller may already be submitting the next job).
         self.ending = False
@@ -154,9 +157,10 @@ class JobRunner:
         except (ArchiveError, MissingArtifact, CorruptArtifact) as exc:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
         finally:
-            # Before the job ends: its slot is not free until its folder is gone.
+            # Before the job ends: its slot is not free until its folders are gone.
             if folder:
                 _remove(self._workdir)
+                _remove(self._checkpoint_dir)
         if ending is not None:
             self.ending = True
             self._end(ending, time.monotonic() - started)
@@ -194,7 +198,34 @@ class JobRunner:
             call = small_files(replies[0], [CALL]).get(CALL)
             if call is None:
                 raise MissingArtifact(CALL)
+        else:
+            env[CHECKPOINT_VARIABLE] = str(self._checkpoint_folder())
         return self._launch(env, call, announced)
+
+    def _checkpoint_folder(self) -> Path:
+        """The job's checkpoint folder: filled with what an earlier attempt kept, and kept while the
+        job runs (node 0's, for a gang job)."""
+        folder = self._checkpoint_dir
+        folder.mkdir()
+        if self.claim.part is None or self.claim.part.node == 0:
+            self._checkpoints = CheckpointKeeper(
+                folder,
+                self.claim,
+                self._store,
+                self._artifacts,
+                interval=self._settings.checkpoint_interval,
+                max_bytes=self._settings.max_job_bytes,
+                say=self._system,
+            )
+            if self.claim.attempt > 1:  # a first attempt has nothing kept: no round trip
+                self._persist(self._checkpoints.restore)
+        return folder
+
+    @property
+    def _checkpoint_dir(self) -> Path:
+        """Beside the job's folder, not in it: a listing or an output pattern of the job's own files
+        does not meet it (the worker's leftovers sweep does: same suffix)."""
+        return self._workdir.with_name(CHECKPOINT_PREFIX + self._workdir.name)
 
     @property
     def _needs_folder(self) -> bool:
@@ -223,6 +254,8 @@ class JobRunner:
         """Follow the job's processes to their end, then upload its outputs: how the job ended."""
         self._follow(tracked)
         self._clean_up()
+        if self._checkpoints is not None and self._stop != "stale":
+            self._checkpoints.tick(now=True)  # what it saved last; a cold shutdown's retry needs it too
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
@@ -389,6 +422,8 @@ class JobRunner:
                         # Something that left the job's group still holds its output open; stop listening.
                         one.streams = 0
                 kill_at = self._enforce(kill_at)
+                if self._checkpoints is not None:
+                    self._checkpoints.tick()
         finally:
             selector.close()
             for one in tracked:

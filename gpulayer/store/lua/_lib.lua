@@ -184,7 +184,7 @@ local function end_job(id, jobkey, state, ended_at)
   redis.call('hset', jobkey, 'ended_at', ended_at)
   redis.call('zadd', key(K[RQ_STATUS[state]], v[1]), math.floor(now_ms() / 1000) + retention, id)
   redis.call('xadd', key(K.done, id), '*', 'state', state)
-  redis.call('del', key(K.inputs, id))
+  redis.call('del', key(K.inputs, id), key(K.checkpoint, id))
   for _, k in ipairs({jobkey, key(K.logs, id), key(K.done, id), key(K.outputs, id), v[3]}) do
     if k then
       redis.call('expire', k, retention)

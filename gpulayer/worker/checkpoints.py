@@ -1,0 +1,110 @@
+"""A job's checkpoint folder, kept in Redis while the job runs, so that a retry starts from what the
+last attempt saved there, on whichever worker it lands.
+
+Every command job gets an empty folder of its own beside its working folder, named to it in
+``GPULAYER_CHECKPOINT_DIR``. While
+it runs, the worker archives the folder every ``GPULAYER_CHECKPOINT_INTERVAL`` seconds if anything in
+it changed (names, sizes, modification times), and once more when its processes end; the archive
+becomes the job's only if the attempt still owns the job (``keep_checkpoint.lua``). A later attempt
+finds the folder filled with it before its command starts. For a gang job, node 0's folder is kept,
+and restored on node 0. The job's checkpoint is deleted when the job ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis.exceptions
+
+from ..archive import extract, folder_manifest
+from ..store.artifacts import ArtifactStore, MissingArtifact
+from ..store.execution import Claim, ExecutionStore
+from ..units import format_size
+
+log = logging.getLogger("gpulayer.worker")
+#: The variable that names the folder to a job.
+CHECKPOINT_VARIABLE = "GPULAYER_CHECKPOINT_DIR"
+#: The folder's name: the job folder's, with this in front.
+PREFIX = "ckpt-"
+_SPOOL = 16 * 1024 * 1024
+
+Signature = tuple[tuple[str, int, int], ...]
+
+
+class CheckpointKeeper:
+    def __init__(
+        self,
+        folder: Path,
+        claim: Claim,
+        store: ExecutionStore,
+        artifacts: ArtifactStore,
+        *,
+        interval: float,
+        max_bytes: int,
+        say: Callable[[str], None],
+    ) -> None:
+        self.folder = folder
+        self._claim = claim
+        self._store = store
+        self._artifacts = artifacts
+        self._interval = interval
+        self._max_bytes = max_bytes
+        self._say = say
+        self._kept: Signature = ()
+        self._next = time.monotonic() + interval
+        self._too_large = False
+
+    def restore(self) -> None:
+        """Fill the folder with the checkpoint an earlier attempt kept, if there is one."""
+        with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+            try:
+                size = self._artifacts.get_checkpoint(self._claim.target, archive)
+            except MissingArtifact:
+                return
+            archive.seek(0)
+            extract(archive, self.folder)
+        self._kept = self._signature()
+        self._say(f"restored the checkpoint folder an earlier attempt kept ({format_size(size)})")
+
+    def tick(self, *, now: bool = False) -> None:
+        """Keep the folder if it changed since it was last kept, at most once an interval (``now``:
+        whatever the interval). A failure to keep it is said in the log; the job runs on."""
+        if not now and time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self._interval
+        signature = self._signature()
+        if not signature or signature == self._kept:
+            return
+        try:
+            self._keep(signature)
+        except (OSError, redis.exceptions.RedisError) as exc:
+            log.warning("job %s: could not keep its checkpoint folder: %s", self._claim.target, exc)
+
+    def _keep(self, signature: Signature) -> None:
+        manifest = folder_manifest(self.folder)
+        if manifest.size > self._max_bytes:
+            if not self._too_large:
+                self._too_large = True
+                self._say(
+                    f"the checkpoint folder holds {format_size(manifest.size)}, above the "
+                    f"{format_size(self._max_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES): not kept"
+                )
+            return
+        with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+            manifest.write(archive)
+            archive.seek(0)
+            self._artifacts.put_checkpoint(self._claim.target, self._claim.attempt, archive)
+        if self._store.keep_checkpoint(self._claim):
+            self._kept = signature
+
+    def _signature(self) -> Signature:
+        found = []
+        for path in sorted(self.folder.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                stat = path.stat()
+                found.append((path.relative_to(self.folder).as_posix(), stat.st_size, stat.st_mtime_ns))
+        return tuple(found)
