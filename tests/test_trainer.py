@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -496,3 +497,33 @@ def test_a_job_whose_worker_dies_mid_fit_resumes_on_another_worker_from_its_kept
     rows = epoch_rows(Path(env["GPULAYER_HOME"]) / "out")
     assert [row["epoch"] for row in rows] == list(range(20))
     assert not client.redis.exists(kept)  # gone with the job's end
+
+
+def test_a_remote_fit_whose_worker_dies_resumes_on_another_worker(
+    client: gl.Client, workers: Workers, env: dict[str, str], home: Path, tmp_path: Path
+) -> None:
+    """remote=True: rank 0's run folder is its part's checkpoint folder, kept in Redis; the retry,
+    on another worker, resumes from it, and the caller gets the whole run back."""
+    ensure_secret(home)
+    workers.env = {**env, "GPULAYER_CHECKPOINT_INTERVAL": "0.2"}
+    doomed = workers.start("doomed", 1, "--label", "pool=remote", *FAST)
+    options = {"client": client, "source": ROOT, "labels": {"pool": "remote"}, "retries": 1}
+    run = trainer(tmp_path / "run", max_epochs=12, remote=True, job_options=options)
+    model = Regression()
+    outcome: dict[str, Any] = {}
+    fitting = threading.Thread(target=lambda: outcome.update(run.fit(model, loader(samples=2048))))
+    fitting.start()
+    wait_for(client.jobs, what="the job")
+    kept = client.keys.checkpoint(client.jobs()[0].id)
+    wait_for(lambda: client.redis.exists(kept), timeout=WAIT, what="a kept checkpoint")
+    kill_machine(doomed.pid)
+    workers.start("spare", 1, "--label", "pool=remote", *FAST)
+    fitting.join(WAIT)
+
+    assert not fitting.is_alive()
+    assert "train_loss" in outcome
+    assert run.resumed_from is not None  # rank 0 on the spare worker went on from the kept run
+    assert run.current_epoch == 12
+    assert [row["epoch"] for row in epoch_rows(tmp_path / "run")] == list(range(12))
+    (record,) = client.jobs()
+    assert [(a.worker, a.outcome) for a in record.attempts] == [("doomed", "lost"), ("spare", "succeeded")]

@@ -4,8 +4,9 @@ outcome comes back, with its run folder (metrics files and checkpoints) unpacked
 
 The call travels as a remote function does (cloudpickle, signed, with the project's code bundle),
 so the module may be defined in the calling script. On the workers, rank 0 writes the run folder
-under the machine's temporary folder, named by the job (``gpulayer-runs/<job id>``): a retry on the
-same machine resumes from its ``last.ckpt``; once the folder has come back, it is removed.
+in its part's checkpoint folder (``GPULAYER_CHECKPOINT_DIR``), which node 0's worker keeps in Redis
+as it changes: a retry after a lost worker resumes from its ``last.ckpt`` on any machine. (Under a
+worker too old to give one, the machine's temporary folder, ``gpulayer-runs/<job id>``.)
 """
 
 from __future__ import annotations
@@ -56,13 +57,15 @@ def _rank(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> di
     rank = int(os.environ["RANK"])
     torch.manual_seed(seed + rank)
     random.seed(seed + rank)
-    folder = Path(tempfile.gettempdir(), JOB_RUNS, os.environ["GPULAYER_JOB_ID"])
+    kept = os.environ.get("GPULAYER_CHECKPOINT_DIR")
+    folder = Path(kept) if kept else Path(tempfile.gettempdir(), JOB_RUNS, os.environ["GPULAYER_JOB_ID"])
     trainer.relocate(folder)
     outcome = work()
     leave()
     if rank == 0:
         outcome["run_folder"] = _packed(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        if not kept:  # the worker removes its checkpoint folder itself
+            shutil.rmtree(folder, ignore_errors=True)
     return outcome
 
 

@@ -36,6 +36,11 @@ class PartRunner(JobRunner):
         # A function's ranks leave their results there.
         return True
 
+    @property
+    def _has_checkpoint_folder(self) -> bool:
+        # Every rank is a process of this job's, a function's too (a remote Trainer's rank 0 saves there).
+        return True
+
     def _announce(self) -> str:
         """Node 0 says where its rank 0 will listen as it starts."""
         # Free on every interface, as torchrun picks one: other machines connect to it.

@@ -198,9 +198,14 @@ class JobRunner:
             call = small_files(replies[0], [CALL]).get(CALL)
             if call is None:
                 raise MissingArtifact(CALL)
-        else:
+        if self._has_checkpoint_folder:
             env[CHECKPOINT_VARIABLE] = str(self._checkpoint_folder())
         return self._launch(env, call, announced)
+
+    @property
+    def _has_checkpoint_folder(self) -> bool:
+        """Commands have one; a function's call runs in an executor, which outlives the job."""
+        return self.spec.function is None
 
     def _checkpoint_folder(self) -> Path:
         """The job's checkpoint folder: filled with what an earlier attempt kept, and kept while the
