@@ -240,20 +240,7 @@ DDP_TRAINER = """
 import gpulayer as gl
 
 
-class Regression(gl.torch.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = network()
-
-    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = torch.nn.functional.mse_loss(self.net(x), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def configure_optimizers(self) -> gl.torch.Optimizers:
-        return torch.optim.Adam(self.parameters(), lr=1e-3)
-
+{regression}
 
 class Clock(gl.torch.Callback):
     # Wall time at each epoch's start and at the fit's end; rank 0's comes back with the fit.
@@ -295,7 +282,9 @@ if __name__ == "__main__":
 
 def ddp_scripts(folder: Path) -> dict[str, Path]:
     scripts = {"trainer": folder / "ddp_trainer.py", "torchrun": folder / "ddp_plain.py"}
-    scripts["trainer"].write_text(_prelude() + DDP_TRAINER)
+    # The same module the single-process part times, by its source.
+    trainer = DDP_TRAINER.replace("{regression}", inspect.getsource(Regression))
+    scripts["trainer"].write_text(_prelude() + trainer)
     scripts["torchrun"].write_text(_prelude() + DDP_PLAIN)
     return scripts
 

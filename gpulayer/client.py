@@ -258,10 +258,13 @@ class Client:
         """The workers connected now, by name, with what their jobs hold."""
         return self._workers.list()
 
-    def telemetry(self, seconds: float = HISTORY) -> dict[str, list[Telemetry]]:
-        """Each connected worker's telemetry samples (CPU, memory, GPUs) over the last ``seconds``
-        (Redis keeps an hour), oldest first, by worker name."""
-        return self._telemetry.history([worker.name for worker in self.workers()], seconds)
+    def telemetry(
+        self, seconds: float = HISTORY, workers: Sequence[str] | None = None
+    ) -> dict[str, list[Telemetry]]:
+        """Each connected worker's (or each of ``workers``') telemetry samples (CPU, memory, GPUs)
+        over the last ``seconds`` (Redis keeps an hour), oldest first, by worker name."""
+        names = list(workers) if workers is not None else [worker.name for worker in self.workers()]
+        return self._telemetry.history(names, seconds)
 
     def activity(self, seconds: float = HISTORY) -> list[ActivitySample]:
         """Samples of the whole installation (jobs by state, queue depths) over the last ``seconds``."""

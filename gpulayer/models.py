@@ -27,7 +27,9 @@ Role = Literal["admin", "submitter", "viewer", "metrics"]
 MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Set by the worker for every job; a job cannot set them itself.
-RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT", "GPULAYER_CHECKPOINT_DIR"})
+#: Names a job's checkpoint folder to it: what it saves there is given back to its retries.
+CHECKPOINT_VARIABLE = "GPULAYER_CHECKPOINT_DIR"
+RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT", CHECKPOINT_VARIABLE})
 
 
 class JobState(str, enum.Enum):

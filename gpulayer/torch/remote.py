@@ -15,7 +15,6 @@ import io
 import os
 import random
 import shutil
-import tarfile
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 from .. import archive
 from ..distributed import DistributedJob
 from ..functions import FunctionHandle
+from ..models import CHECKPOINT_VARIABLE
 from .ranks import leave
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def _rank(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> di
     rank = int(os.environ["RANK"])
     torch.manual_seed(seed + rank)
     random.seed(seed + rank)
-    kept = os.environ.get("GPULAYER_CHECKPOINT_DIR")
+    kept = os.environ.get(CHECKPOINT_VARIABLE)
     folder = Path(kept) if kept else Path(tempfile.gettempdir(), JOB_RUNS, os.environ["GPULAYER_JOB_ID"])
     trainer.relocate(folder)
     outcome = work()
@@ -71,7 +71,5 @@ def _rank(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> di
 
 def _packed(folder: Path) -> bytes:
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        if folder.is_dir():
-            tar.add(folder, arcname=".")
+    (archive.folder_manifest(folder) if folder.is_dir() else archive.Manifest()).write(buffer)
     return buffer.getvalue()

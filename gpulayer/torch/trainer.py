@@ -23,6 +23,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
+from ..models import CHECKPOINT_VARIABLE
 from . import checkpoint, data, launch, remote
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
 from .loops import FitLoop, Session, evaluate, predict
@@ -453,7 +454,7 @@ class _Call:
 def _default_run_dir() -> Path:
     """A GPUlayer command job's checkpoint folder (kept in Redis while it runs, restored for a retry
     on any worker); else ``gpulayer_runs/<job id>``, or ``gpulayer_runs/default`` outside a job."""
-    kept = os.environ.get("GPULAYER_CHECKPOINT_DIR")
+    kept = os.environ.get(CHECKPOINT_VARIABLE)
     if kept:
         return Path(kept)
     return Path(RUNS_FOLDER) / (os.environ.get("GPULAYER_JOB_ID") or "default")

@@ -50,7 +50,7 @@ class InstallationCollector(Collector):
             gpus.add_metric([worker.name, "free"], len(worker.gpus) - len(worker.gpus_busy))
         yield slots
         yield gpus
-        yield from self._telemetry()
+        yield from self._telemetry([worker.name for worker in workers])
         help_texts = {
             "start_latency": "Time from queued to running (files fetched, process started)",
             "run_time": "Time jobs ran, from start to end",
@@ -63,9 +63,9 @@ class InstallationCollector(Collector):
                 sum_value=histogram.total,
             )
 
-    def _telemetry(self) -> Iterator[GaugeMetricFamily]:
+    def _telemetry(self, workers: list[str]) -> Iterator[GaugeMetricFamily]:
         """Each worker's latest sample, if it is recent (a few intervals old at most)."""
-        recent = self._client.telemetry(self._client.settings.telemetry_interval * 3)
+        recent = self._client.telemetry(self._client.settings.telemetry_interval * 3, workers)
         cpu = GaugeMetricFamily("gpulayer_worker_cpu_percent", "CPU use per worker", labels=["worker"])
         memory = GaugeMetricFamily(
             "gpulayer_worker_memory_used_bytes", "Memory in use per worker's machine", labels=["worker"]

@@ -26,8 +26,6 @@ from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
 
 log = logging.getLogger("gpulayer.worker")
-#: The variable that names the folder to a job.
-CHECKPOINT_VARIABLE = "GPULAYER_CHECKPOINT_DIR"
 #: The folder's name: the job folder's, with this in front.
 PREFIX = "ckpt-"
 _SPOOL = 16 * 1024 * 1024

@@ -26,7 +26,7 @@ from redis.client import Pipeline
 
 from ..archive import extract, pack_outputs
 from ..errors import ArchiveError, ArtifactTooLarge, UntrustedPayload
-from ..models import JobSpec, JobState, OutputSummary
+from ..models import CHECKPOINT_VARIABLE, JobSpec, JobState, OutputSummary
 from ..payloads import CALL, ERROR, RESULT
 from ..settings import Settings
 from ..signing import Signer
@@ -41,8 +41,8 @@ from ..store.artifacts import (
 )
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
-from .checkpoints import CHECKPOINT_VARIABLE, CheckpointKeeper
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
+from .checkpoints import CheckpointKeeper
 from .executors import Executor, Key
 from .functions import FunctionRuntime
 from .output import Line, Tracked

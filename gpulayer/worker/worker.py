@@ -156,6 +156,7 @@ class Worker(BaseWorker):
         self._keeper: LeaseKeeper | None = None
         self._telemetry_store = TelemetryStore(connection, self.keys, settings.telemetry_interval)
         self._jobs = JobStore(connection, self.keys, scripts, settings)
+        self._queue_store = QueueStore(connection, self.keys)
         self._telemetry: TelemetryReporter | None = None
         self.workdir = workdir or settings.home / "work" / name
         self._base_env = dict(os.environ)
@@ -263,19 +264,20 @@ class Worker(BaseWorker):
         if self._listener is not None:
             self._listener.stop()
 
-    def _running_attempts(self) -> list[tuple[str, int]]:
-        """Every job this worker holds a lease on: running, or claimed and about to run."""
+    def _claims(self) -> list[Claim]:
+        """Every job this worker holds: running, or claimed and about to run."""
         with self._lock:
-            claims = [runner.claim for runner in self._runners.values()] + list(self._claimed)
-        return [(claim.job_id, claim.attempt) for claim in claims]
+            return [runner.claim for runner in self._runners.values()] + list(self._claimed)
+
+    def _running_attempts(self) -> list[tuple[str, int]]:
+        """Every job this worker holds a lease on."""
+        return [(claim.job_id, claim.attempt) for claim in self._claims()]
 
     def _busy_gpus(self) -> set[int]:
-        with self._lock:
-            claims = [runner.claim for runner in self._runners.values()] + list(self._claimed)
-        return {index for claim in claims for index in claim.gpus}
+        return {index for claim in self._claims() for index in claim.gpus}
 
     def _activity(self) -> ActivitySample:
-        queues, gangs = QueueStore(self.connection, self.keys).list()
+        queues, gangs = self._queue_store.list()
         return ActivitySample(
             time=int(time.time() * 1000),
             jobs=self._jobs.counts(),

@@ -50,16 +50,17 @@ local function set_state(id, jobkey, state)
   if v[2] then
     return
   end
-  local now = now_ms()
+  -- Redis's clock is read only by the changes that are timed.
   if state == 'queued' then
-    redis.call('hset', jobkey, 'gl_queued_ms', now)
+    redis.call('hset', jobkey, 'gl_queued_ms', now_ms())
   elseif state == 'running' then
+    local now = now_ms()
     redis.call('hset', jobkey, 'gl_running_ms', now)
     if v[3] then
       observe(START_LATENCY, START_BUCKETS, now - tonumber(v[3]))
     end
   elseif old == 'running' and v[4] then
-    observe(RUN_TIME, RUN_BUCKETS, now - tonumber(v[4]))
+    observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
   end
   redis.call('publish', EVENTS, cjson.encode({type = 'job', id = id, state = state}))
 end
