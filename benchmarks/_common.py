@@ -18,8 +18,9 @@ from pathlib import Path
 
 import redis
 
+from gpulayer import access
 from gpulayer.server import free_port, start_redis, wait_ready
-from gpulayer.signing import ensure_secret
+from gpulayer.signing import Keyring
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -41,10 +42,14 @@ def private_redis(folder: Path) -> Iterator[str]:
 
 @contextmanager
 def private_installation() -> Iterator[tuple[str, Path]]:
-    """A private Redis and a GPUlayer home (with a secret, for remote functions) in a temporary folder."""
+    """A private Redis and a GPUlayer home in a temporary folder, holding the keys jobs are signed
+    and checked with (the client and the workers use the URL given, Redis's default user: the
+    roles' users cost nothing per command, and the benchmarks measure the queue)."""
     with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp)) as url:
         home = Path(tmp) / "home"
-        ensure_secret(home)
+        keys = Keyring.generate().as_texts()
+        for role in ("admin", "worker"):
+            access.save(home, access.Access(role=role, redis_url=url, keys=keys))
         yield url, home
 
 

@@ -7,6 +7,7 @@ entry that would land outside its folder, any link that points out of it, and an
 from __future__ import annotations
 
 import dataclasses
+import gzip  # noqa: F401  # imported now, not when tarfile first needs it: a worker may then be reading as a job's user, who cannot read the Python library
 import os
 import tarfile
 from collections.abc import Iterable
@@ -61,12 +62,15 @@ class Manifest:
                 tar.add(path, arcname=arcname, recursive=False, filter=self._relative_link)
 
     def _relative_link(self, info: tarfile.TarInfo) -> tarfile.TarInfo:
-        """A link is stored relative to where it sits, so it points at the same file once unpacked
-        elsewhere (an absolute link, or one that climbs out and back in, would be refused there)."""
         if info.issym():
-            path = self.members[info.name]
-            info.linkname = os.path.relpath(path.resolve(), path.parent.resolve())
+            info.linkname = self.link_target(info.name)
         return info
+
+    def link_target(self, arcname: str) -> str:
+        """What a link is stored as: relative to where it sits, so it points at the same file once
+        unpacked elsewhere (an absolute link, or one that climbs out and back in, would be refused there)."""
+        path = self.members[arcname]
+        return os.path.relpath(path.resolve(), path.parent.resolve())
 
 
 def _inside(link: Path, root: Path) -> bool:

@@ -4,7 +4,9 @@ A function from the user's script (``__main__``), a closure or a lambda travels 
 pickle; a function from one of the project's modules travels by reference, so the worker must be
 able to import that module. So the project folder ships as a bundle, with the ignore rules and cap
 of ``submit --source``, and a worker puts it first on ``sys.path``. A bundle is named by the SHA-256
-of its contents: a second call ships nothing new, and a worker unpacks each bundle once.
+of its contents (:func:`digest`): a second call ships nothing new, a worker unpacks each bundle once,
+and, since the name is in the job's signature, a worker checks the archive against it
+(:func:`archive_digest`) before any of it is unpacked.
 """
 
 from __future__ import annotations
@@ -12,14 +14,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import sys
+import tarfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import IO
 
 from . import archive
+from .errors import ArchiveError
 
 #: How long a client trusts the bundle it made before looking at the folder again (seconds).
 _RECHECK = 2.0
+#: What a link's and a folder's hash start with in a bundle's digest.
+_LINK = b"link:"
+_FOLDER = b"dir"
 
 
 def project_root() -> Path:
@@ -54,23 +63,51 @@ class BundleCache:
             if made and time.monotonic() - made[0] < _RECHECK:
                 return made[1]
             manifest = archive.source_manifest(root, self._max_bytes)
-            digest = hashlib.sha256()
-            for arcname in sorted(manifest.members):
-                digest.update(arcname.encode() + b"\0" + self._hash(manifest.members[arcname]) + b"\0")
-            bundle = Bundle(digest.hexdigest(), manifest)
+            hashes = {arcname: self._hash(manifest, arcname) for arcname in manifest.members}
+            bundle = Bundle(digest(hashes), manifest)
             self._made[root] = (time.monotonic(), bundle)
             return bundle
 
-    def _hash(self, path: Path) -> bytes:
+    def _hash(self, manifest: archive.Manifest, arcname: str) -> bytes:
+        path = manifest.members[arcname]
         if path.is_symlink():
-            return b"link:" + str(path.readlink()).encode()
+            return _LINK + manifest.link_target(arcname).encode()
         if not path.is_file():
-            return b"dir"
+            return _FOLDER
         stat = path.stat()
         version = (stat.st_size, stat.st_mtime_ns)
         known = self._hashes.get(path)
         if known and known[0] == version:
             return known[1]
-        digest = hashlib.sha256(path.read_bytes()).digest()
-        self._hashes[path] = (version, digest)
-        return digest
+        found = hashlib.sha256(path.read_bytes()).digest()
+        self._hashes[path] = (version, found)
+        return found
+
+
+def digest(hashes: Mapping[str, bytes]) -> str:
+    """A bundle's name: the SHA-256 over each member's name and hash (of its contents; of where a link
+    points; ``dir`` for a folder), in name order."""
+    total = hashlib.sha256()
+    for arcname in sorted(hashes):
+        total.update(arcname.encode() + b"\0" + hashes[arcname] + b"\0")
+    return total.hexdigest()
+
+
+def archive_digest(archive: IO[bytes]) -> str:
+    """:func:`digest` of what a bundle's archive holds, read from the archive itself: what the client
+    names the bundle by, and what a worker checks before it unpacks any of it.
+    :class:`ArchiveError` if it is not a readable archive."""
+    hashes: dict[str, bytes] = {}
+    try:
+        with tarfile.open(fileobj=archive, mode="r:*") as tar:
+            for member in tar:
+                if member.issym():
+                    hashes[member.name] = _LINK + member.linkname.encode()
+                elif member.isdir():
+                    hashes[member.name] = _FOLDER
+                else:
+                    content = tar.extractfile(member)
+                    hashes[member.name] = hashlib.sha256(content.read() if content else b"").digest()
+    except tarfile.TarError as exc:
+        raise ArchiveError(f"the code bundle is not a readable archive: {exc}") from None
+    return digest(hashes)

@@ -16,9 +16,10 @@ from typing import Any
 
 from redis.client import Pipeline
 
-from .bundles import Bundle, BundleCache, project_root
+from .bundles import Bundle, BundleCache, archive_digest, project_root
 from .errors import (
     ArtifactTooLarge,
+    ConfigError,
     InvalidJobSpec,
     JobCancelled,
     JobFailed,
@@ -38,10 +39,10 @@ from .models import (
     build_spec,
     validated,
 )
-from .payloads import CALL, ERROR, RESULT, pack, pickle_function, unpack
+from .payloads import CALL, ERROR, RESULT, dumps, load_result, pickle_function
 from .requirements import Requirements
 from .settings import Settings
-from .signing import Signer, signer
+from .signing import Keyring, VerifyKey
 from .store.artifacts import RedisArtifactStore, small_files
 from .store.jobs import JobStore, submitted
 from .units import format_size
@@ -82,22 +83,30 @@ class CallOptions:
 
 
 class Calls:
-    def __init__(self, settings: Settings, jobs: JobStore, artifacts: RedisArtifactStore) -> None:
+    def __init__(
+        self, settings: Settings, jobs: JobStore, artifacts: RedisArtifactStore, keyring: Keyring
+    ) -> None:
         self._settings = settings
         self._jobs = jobs
         self._artifacts = artifacts
+        self._keyring = keyring
         self._bundles = BundleCache(settings.max_source_bytes)
-        self._shipped: dict[str, float] = {}
-        self._signer: Signer | None = None
+        #: When each bundle was last shipped (or found in Redis), and the name it is stored under.
+        self._shipped: dict[str, tuple[float, str]] = {}
 
     @property
-    def signer(self) -> Signer:
-        if self._signer is None:
-            self._signer = signer(self._settings.home)
-        return self._signer
+    def _results(self) -> VerifyKey:
+        """The key results are checked with before a byte of them is unpickled."""
+        if self._keyring.result_verify is None:
+            raise ConfigError(
+                "this machine holds no key to check function results with: connect with a "
+                "submitter's access (`gpulayer access export submitter` on the admin's machine)"
+            )
+        return self._keyring.result_verify
 
     def submit(self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions) -> list[str]:
         """Submit one job per call, :data:`BATCH` of them per round trip; returns their ids."""
+        self._keyring.signer()  # no key: said before the bundle is shipped
         spec = self.spec(function, options)
         ids: list[str] = []
         pending = iter(calls)
@@ -125,14 +134,13 @@ class Calls:
 
     def spec(self, function: Callable[..., Any], options: CallOptions) -> JobSpec:
         """The job every call of ``function`` makes, its code bundle shipped if Redis lacks it."""
-        bundle = self._bundles.get(options.source or project_root())
-        self._ship(bundle)
+        digest = self._ship(self._bundles.get(options.source or project_root()))
         name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
         retry = {"retries": options.retries, "retry_on": options.retry_on, "retry_delay": options.retry_delay}
         needs = validated(Requirements, options.requirements)
         return build_spec(
             command=[name],
-            function=FunctionSpec(name=name, bundle=bundle.digest, fresh_process=options.fresh_process),
+            function=FunctionSpec(name=name, bundle=digest, fresh_process=options.fresh_process),
             requirements=needs,
             distributed=Distributed.of(needs, options.nodes, options.procs_per_node, options.launcher),
             timeout=options.timeout,
@@ -140,16 +148,22 @@ class Calls:
             **{field: value for field, value in retry.items() if value is not None},
         )
 
-    def _ship(self, bundle: Bundle) -> None:
-        """Upload the bundle unless Redis has it whole (asking also keeps it from expiring)."""
-        if time.monotonic() - self._shipped.get(bundle.digest, -_TOUCH) < _TOUCH:
-            return
+    def _ship(self, bundle: Bundle) -> str:
+        """Upload the bundle unless Redis has it whole (asking also keeps it from expiring); the name
+        it is stored under, which workers check what they unpack against. That is the name of what
+        the archive holds: a file that changed while it was packed changes it."""
+        shipped_at, shipped = self._shipped.get(bundle.digest, (-_TOUCH, bundle.digest))
+        if time.monotonic() - shipped_at < _TOUCH:
+            return shipped
         if not self._artifacts.has_bundle(bundle.digest):
             with tempfile.SpooledTemporaryFile(_SPOOL) as file:
                 bundle.manifest.write(file)
                 file.seek(0)
-                self._artifacts.put_bundle(bundle.digest, file)
-        self._shipped[bundle.digest] = time.monotonic()
+                shipped = archive_digest(file)
+                file.seek(0)
+                self._artifacts.put_bundle(shipped, file)
+        self._shipped[bundle.digest] = (time.monotonic(), shipped)
+        return shipped
 
     def _submit_batch(
         self, spec: JobSpec, function: Callable[..., Any], calls: list[Call], batch: str
@@ -178,9 +192,11 @@ class Calls:
 
         def build(pipe: Pipeline) -> None:
             for index, job_id in ids.items():
-                self._artifacts.put_inputs(job_id, upload, CALL, io.BytesIO(payloads[index]), pipe=pipe)
+                digest = self._artifacts.put_inputs(
+                    job_id, upload, CALL, io.BytesIO(payloads[index]), pipe=pipe
+                )
                 positions[index] = len(pipe)
-                self._jobs.queue_submit(pipe, job_id, spec, upload, batch)
+                self._jobs.queue_submit(pipe, job_id, spec, upload, {CALL: digest}, batch)
 
         replies = self._jobs.pipeline(build)
         taken = [index for index, job_id in ids.items() if submitted(replies[positions[index]]) != job_id]
@@ -192,7 +208,7 @@ class Calls:
         self, function: Callable[..., Any], pickled: bytes, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> bytes:
         try:
-            payload = pack((pickled, args, kwargs), self.signer)
+            payload = dumps((pickled, args, kwargs))
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise InvalidJobSpec(f"cannot send a call of {_name(function)}: {exc}") from None
         if len(payload) > self._settings.max_job_bytes:
@@ -223,7 +239,7 @@ class Calls:
         """What the call returned; or the exception it raised, raised here; or :class:`JobFailed`."""
         record, stored = ending
         if record.state is JobState.SUCCEEDED and RESULT in stored:
-            return unpack(stored[RESULT], self.signer)
+            return load_result(self._results, record.id, record.attempt, RESULT, stored[RESULT])
         raise self._error(record, stored)
 
     def _error(self, record: JobRecord, stored: dict[str, bytes]) -> BaseException:
@@ -233,7 +249,9 @@ class Calls:
         if record.state is JobState.TIMED_OUT:
             return JobTimedOut(f"job {job} ({name}) {record.reason}", job)
         if ERROR in stored:
-            return _raised(record, unpack(stored[ERROR], self.signer))
+            return _raised(
+                record, load_result(self._results, record.id, record.attempt, ERROR, stored[ERROR])
+            )
         if record.reason == "worker lost":
             lost = sum(attempt.outcome == "lost" for attempt in record.attempts)
             return WorkerLost(

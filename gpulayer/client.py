@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from . import access as accesses
 from . import archive, placement
+from .access import Access
 from .calls import Call, CallOptions, Calls
 from .errors import (
     ArtifactTooLarge,
@@ -24,7 +26,6 @@ from .errors import (
     WaitTimeout,
     WorkerNotFound,
 )
-from .home import resolve_redis_url
 from .inventory import Telemetry, WorkerInfo
 from .models import (
     ActivitySample,
@@ -58,7 +59,7 @@ from .store.logs import LogStore
 from .store.queues import QueueStore
 from .store.scripts import Scripts
 from .store.telemetry import HISTORY, TelemetryStore
-from .store.tokens import TokenStore
+from .store.tokens import BrowserSession, OpenedSession, TokenStore
 from .store.workers import WorkerStore
 from .units import format_size
 
@@ -69,24 +70,30 @@ _SPOOL = 16 * 1024 * 1024
 class Client:
     """A connection to one GPUlayer installation.
 
-    ``redis_url`` defaults to ``GPULAYER_REDIS_URL``, then to the Redis that `gpulayer up` runs on
-    this machine. Nothing is sent to Redis until the first call.
+    ``access`` says how to reach it (its Redis user, CA and keys: see :mod:`gpulayer.access`); by
+    default an access token in ``GPULAYER_ACCESS_TOKEN``, else the strongest role this machine holds
+    (what `gpulayer up`, `join` or `connect` kept). ``redis_url`` (default ``GPULAYER_REDIS_URL``)
+    replaces its Redis URL. Nothing is sent to Redis until the first call.
     """
 
-    def __init__(self, redis_url: str | None = None, *, settings: Settings | None = None) -> None:
+    def __init__(
+        self, redis_url: str | None = None, *, settings: Settings | None = None, access: Access | None = None
+    ) -> None:
         self.settings = settings or Settings.from_env()
-        self.redis_url = resolve_redis_url(redis_url or self.settings.redis_url, self.settings.home)
-        self.redis = connect(self.redis_url)
+        self.access = access or accesses.resolve(redis_url or self.settings.redis_url, self.settings.home)
+        self.redis_url = self.access.redis_url
+        self.redis = connect(self.redis_url, ca=self.access.ca)
         self.keys = Keys(self.settings.prefix)
+        keyring = self.access.keyring
         scripts = Scripts(self.redis, self.keys, self.settings)
-        self._jobs = JobStore(self.redis, self.keys, scripts, self.settings)
+        self._jobs = JobStore(self.redis, self.keys, scripts, self.settings, keyring)
         self._logs = LogStore(self.redis, self.keys)
         self._artifacts = RedisArtifactStore(self.redis, self.keys)
         self._workers = WorkerStore(self.redis, self.keys)
         self._queues = QueueStore(self.redis, self.keys)
         self._tokens = TokenStore(self.redis, self.keys)
         self._telemetry = TelemetryStore(self.redis, self.keys, self.settings.telemetry_interval)
-        self._calls = Calls(self.settings, self._jobs, self._artifacts)
+        self._calls = Calls(self.settings, self._jobs, self._artifacts, keyring)
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
@@ -182,10 +189,12 @@ class Client:
         while True:
             job_id, upload = secrets.token_hex(6), secrets.token_hex(4)
             try:
-                for archive_name, manifest in uploads:
-                    if manifest is not None:
-                        self._upload(job_id, upload, archive_name, manifest)
-                submitted = self._jobs.submit(job_id, spec, upload, idempotency_key)
+                files = {
+                    archive_name: self._upload(job_id, upload, archive_name, manifest)
+                    for archive_name, manifest in uploads
+                    if manifest is not None
+                }
+                submitted = self._jobs.submit(job_id, spec, upload, files, idempotency_key)
             except BaseException:
                 if staged:
                     self._artifacts.discard_inputs(job_id, upload)
@@ -199,11 +208,12 @@ class Client:
             if submitted is not None:
                 return Job(self, submitted)
 
-    def _upload(self, job_id: str, upload: str, name: str, manifest: archive.Manifest) -> None:
+    def _upload(self, job_id: str, upload: str, name: str, manifest: archive.Manifest) -> str:
+        """Stage one archive of the job's; its SHA-256, which the job's signature names."""
         with tempfile.SpooledTemporaryFile(_SPOOL) as file:
             manifest.write(file)
             file.seek(0)
-            self._artifacts.put_inputs(job_id, upload, name, file)
+            return self._artifacts.put_inputs(job_id, upload, name, file)
 
     def submit_calls(
         self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions | None = None
@@ -311,9 +321,18 @@ class Client:
     def failed_logins(self, address: str) -> int:
         return self._tokens.login_failures(address)
 
-    def session_key(self) -> bytes:
-        """The key the web server signs browser sessions with, the same for all its processes."""
-        return self._tokens.session_key()
+    def open_session(self, token: str) -> OpenedSession | None:
+        """A browser session for ``token`` (its cookie, shown only now), lasting until it is closed,
+        a working day has passed, or the token expires; None if the token does not work."""
+        return self._tokens.open_session(token)
+
+    def session(self, cookie: str) -> BrowserSession | None:
+        """The record of the browser session a cookie stands for, while it lasts, else None."""
+        return self._tokens.session(cookie)
+
+    def close_session(self, cookie: str) -> bool:
+        """End a browser session at once; False if it had already ended."""
+        return self._tokens.close_session(cookie)
 
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with

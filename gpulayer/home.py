@@ -1,5 +1,5 @@
-"""What `gpulayer up` started on this machine, remembered under ``GPULAYER_HOME``, and how every
-other command finds its Redis without flags."""
+"""What `gpulayer up` started on this machine, remembered under ``GPULAYER_HOME``, and how files
+there are written: the home and its folders readable by their owner only, each file 600."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ STATE_FILE = "server.json"
 
 
 class LocalState(BaseModel):
-    """The Redis URL `gpulayer up` set up, and the processes it started (None once stopped)."""
+    """What `gpulayer up` set up, and the processes it started (None once stopped). The Redis it uses,
+    and each role's way in, are in the installation (:mod:`gpulayer.installation`)."""
 
-    redis_url: str
     #: The embedded redis-server; None when `up` was given an external Redis.
     embedded: bool
     port: int | None = None
@@ -25,6 +25,8 @@ class LocalState(BaseModel):
     redis_pid: int | None = None
     worker_pid: int | None = None
     worker_name: str | None = None
+    #: The user the local worker runs its jobs as, if not its own.
+    run_as: str | None = None
     #: The HTTP API and dashboard server, on 127.0.0.1.
     web_pid: int | None = None
     web_port: int | None = None
@@ -41,14 +43,34 @@ def load(home: Path) -> LocalState | None:
 
 
 def save(home: Path, state: LocalState) -> None:
-    """Written atomically and readable only by its owner: the URL holds the Redis password."""
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / STATE_FILE
-    tmp = path.with_suffix(".tmp")
+    private_folder(home)
+    write_private(home / STATE_FILE, state.model_dump_json(indent=2))
+
+
+def private_folder(path: Path) -> Path:
+    """``path`` (and any folder above it that is missing) made, and made the owner's alone: on a
+    shared machine no other user may list or read what GPUlayer keeps there."""
+    for folder in reversed([folder for folder in (path, *path.parents) if not folder.exists()]):
+        folder.mkdir(mode=0o700, exist_ok=True)  # each one: parents=True would make them 755
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def write_private(path: Path, text: str | bytes) -> None:
+    """Write ``path`` atomically, readable by its owner only, from its first byte."""
+    data = text.encode() if isinstance(text, str) else text
+    tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(state.model_dump_json(indent=2))
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
     tmp.replace(path)
+
+
+def open_log(path: Path) -> int:
+    """A log file of ours to append to (600): a job's or a server's output can hold secrets."""
+    private_folder(path.parent)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
 
 def alive(pid: int | None) -> bool:
@@ -58,17 +80,3 @@ def alive(pid: int | None) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def resolve_redis_url(explicit: str | None, home: Path) -> str:
-    """``--redis-url`` or ``GPULAYER_REDIS_URL`` if given, else the Redis that `gpulayer up` runs here."""
-    if explicit:
-        return explicit
-    state = load(home)
-    if state is None:
-        raise ConfigError(
-            "no Redis to talk to: run `gpulayer up`, or pass --redis-url / set GPULAYER_REDIS_URL"
-        )
-    if state.embedded and not alive(state.redis_pid):
-        raise ConfigError("the Redis that `gpulayer up` started is not running: run `gpulayer up` again")
-    return state.redis_url

@@ -23,13 +23,43 @@ RetryOn = Literal["lost", "exit", "both"]
 Launcher = Literal["direct", "torchrun"]
 #: What an API token may do: everything; submit and cancel jobs (and read); read; read /metrics only.
 Role = Literal["admin", "submitter", "viewer", "metrics"]
+#: Whom a machine acts as towards Redis: its user there, and the keys it holds (docs/security.md).
+AccessRole = Literal["admin", "web", "submitter", "worker", "viewer"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: Set by the worker for every job; a job cannot set them itself.
 #: Names a job's checkpoint folder to it: what it saves there is given back to its retries.
 CHECKPOINT_VARIABLE = "GPULAYER_CHECKPOINT_DIR"
-RESERVED_ENV = frozenset({"GPULAYER_JOB_ID", "GPULAYER_ATTEMPT", CHECKPOINT_VARIABLE})
+#: Variables the worker sets for a job, which its ``env`` may not set: they say which GPUs it holds
+#: (``CUDA_VISIBLE_DEVICES`` would otherwise reach past its reservation), which rank of a gang it is,
+#: and everything GPUlayer's own (``GPULAYER_*``).
+RESERVED_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "NVIDIA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_NAME",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+    }
+)
+RESERVED_ENV_PREFIXES = ("GPULAYER_", "TORCHELASTIC_")
+
+
+def reserved_variable(name: str) -> bool:
+    """Whether a job's ``env`` may not set ``name`` (the worker sets it, or keeps it from jobs)."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 class JobState(str, enum.Enum):
@@ -177,8 +207,8 @@ class JobSpec(BaseModel):
         for key, value in env.items():
             if not _ENV_NAME.match(key):
                 raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key in RESERVED_ENV:
-                raise ValueError(f"{key} is set by GPUlayer itself")
+            if reserved_variable(key):
+                raise ValueError(f"{key} is set by the worker for each job; a job's env may not set it")
             if "\0" in value:
                 raise ValueError(f"the value of {key} holds a NUL byte")
         return env

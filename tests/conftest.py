@@ -1,14 +1,16 @@
 """Fixtures: a real redis-server for the session, real worker processes, a client and the CLI.
 
-The session's Redis is the machine's redis-server when there is one (what most installations run),
-else the embedded one GPUlayer ships; `test_embedded.py` exercises the embedded one either way.
+The session's Redis is the newest redis-server here (Debian's, where installed), with a Redis user
+per role, as `gpulayer up` makes them: workers run as the worker role, the client and the CLI as a
+submitter, the web app as the web role, so every test also checks that no role needs more than its
+Redis user may do. ``raw_redis`` (for assertions) is the admin.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,30 +27,51 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from gpulayer import Client, Settings
+from gpulayer import access as accesses
 from gpulayer.cli import main
+from gpulayer.installation import Installation
 from gpulayer.models import Role
-from gpulayer.server import free_port, redis_server_binary, start_redis, wait_ready
+from gpulayer.server import free_port, redis_server_binary, redis_version, start_redis, wait_ready
+from gpulayer.store import acl
+from gpulayer.store.keys import Keys
 from gpulayer.web import create_app
 
 #: How long a test waits for a worker to register or a job to end before failing.
 WAIT = 30.0
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def start_hub(
+    folder: Path, *, bind: str = "127.0.0.1", binary: str | None = None, durable: bool = False
+) -> tuple[Installation, subprocess.Popen[bytes]]:
+    """A redis-server with the users of a new installation, as `gpulayer up` starts one; its URLs name
+    127.0.0.1 (``Installation.url(role, host)`` names another of ``bind``)."""
     port = free_port()
-    binary = shutil.which("redis-server") or redis_server_binary()
-    process = start_redis(tmp_path_factory.mktemp("redis"), port, durable=False, binary=binary)
-    url = f"redis://127.0.0.1:{port}/0"
-    wait_ready(url, process)
-    yield url
+    binary = binary or redis_server_binary()
+    made = Installation.generate("gpulayer", f"redis://127.0.0.1:{port}/0")
+    users = acl.acl_file(Keys(made.prefix), made.passwords, redis_version(binary)[0])
+    process = start_redis(folder, port, bind=bind, acl=users, durable=durable, binary=binary)
+    wait_ready(made.url("admin"), process)
+    return made, process
+
+
+@pytest.fixture(scope="session")
+def installation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
+    """The session's Redis, with its users, and the installation's keys and passwords."""
+    made, process = start_hub(tmp_path_factory.mktemp("redis"))
+    yield made
     process.terminate()
     process.wait(10)
 
 
+@pytest.fixture(scope="session")
+def redis_server(installation: Installation) -> str:
+    """The admin's URL of the session's Redis."""
+    return installation.url("admin")
+
+
 @pytest.fixture
 def redis_url(redis_server: str) -> str:
-    """A fresh database for each test."""
+    """A fresh database for each test (the admin's URL)."""
     connection = redis.Redis.from_url(redis_server)
     connection.flushall()
     connection.close()
@@ -64,24 +87,37 @@ def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path / "home"
+def home(tmp_path: Path, installation: Installation, redis_url: str) -> Path:
+    """This test's GPULAYER_HOME, holding the access of every role but the admin's (as a machine
+    joined and connected to the installation would): the CLI acts as a submitter there."""
+    folder = tmp_path / "home"
+    for role in ("web", "submitter", "worker", "viewer"):
+        accesses.save(folder, installation.access(role))
+    return folder
 
 
 @pytest.fixture
-def env(redis_url: str, home: Path) -> dict[str, str]:
-    """Environment for worker processes and CLI runs in this test."""
-    return {
-        **os.environ,
-        "GPULAYER_REDIS_URL": redis_url,
-        "GPULAYER_HOME": str(home),
-        "GPULAYER_KILL_GRACE_SECONDS": "2",
+def env(home: Path) -> dict[str, str]:
+    """Environment for worker processes and CLI runs in this test: they find their role's access in
+    the home."""
+    inherited = {
+        k: v for k, v in os.environ.items() if k not in ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)
     }
+    return {**inherited, "GPULAYER_HOME": str(home), "GPULAYER_KILL_GRACE_SECONDS": "2"}
 
 
 @pytest.fixture
-def client(redis_url: str, home: Path) -> Iterator[Client]:
-    client = Client(redis_url, settings=Settings(home=home))
+def client(home: Path) -> Iterator[Client]:
+    """A submitter's client."""
+    client = Client(settings=Settings(home=home))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def web_client(home: Path) -> Iterator[Client]:
+    """The HTTP server's client: the web role, which alone (with the admin) reaches API tokens."""
+    client = Client(settings=Settings(home=home), access=accesses.load(home, "web"))
     yield client
     client.close()
 
@@ -186,10 +222,41 @@ def kill_machine(pid: int) -> None:
                 member.kill()
 
 
+# --- `gpulayer up` ----------------------------------------------------------------------------------
+def gpulayer(env: dict[str, str], *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``gpulayer ARGS`` as a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpulayer", *args],
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.fixture
+def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """The environment of a machine with nothing of GPUlayer's yet; what `gpulayer up` starts there
+    is stopped at the end."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GPULAYER_")}
+    env["GPULAYER_HOME"] = str(tmp_path / "up-home")
+    yield env
+    gpulayer(env, "down", "--timeout", "5")
+    state = tmp_path / "up-home" / "server.json"
+    if state.exists():
+        for key in ("redis_pid", "worker_pid", "web_pid"):
+            pid = json.loads(state.read_text()).get(key)
+            if pid:
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+
+
 # --- the web app -----------------------------------------------------------------------------------
 @pytest.fixture
-def app(client: Client) -> Flask:
-    return create_app(client)
+def app(web_client: Client) -> Flask:
+    return create_app(web_client)
 
 
 @pytest.fixture
@@ -198,10 +265,10 @@ def http(app: Flask) -> FlaskClient:
 
 
 @pytest.fixture
-def tokens(client: Client) -> dict[str, str]:
+def tokens(web_client: Client) -> dict[str, str]:
     """A working token of each role, by role."""
     roles: tuple[Role, ...] = ("admin", "submitter", "viewer", "metrics")
-    return {role: client.create_token(f"t-{role}", role)[0] for role in roles}
+    return {role: web_client.create_token(f"t-{role}", role)[0] for role in roles}
 
 
 def auth(token: str) -> dict[str, str]:

@@ -87,19 +87,19 @@ def test_every_route_refuses_no_token_with_401_and_a_too_weak_role_with_403(
 
 
 def test_a_revoked_or_expired_token_stops_working_at_once(
-    client: Client, http: FlaskClient, tokens: dict[str, str]
+    web_client: Client, http: FlaskClient, tokens: dict[str, str]
 ) -> None:
     viewer = auth(tokens["viewer"])
     assert http.get("/api/v1/jobs", headers=viewer).status_code == 200
     assert http.delete("/api/v1/tokens/t-viewer", headers=auth(tokens["admin"])).status_code == 200
     answer = http.get("/api/v1/jobs", headers=viewer)
     assert (answer.status_code, answer.json) == (401, {"error": "the token is unknown, revoked or expired"})
-    brief, _ = client.create_token("brief", "viewer", expires_in=0.2)
+    brief, _ = web_client.create_token("brief", "viewer", expires_in=0.2)
     assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 200
     time.sleep(0.3)
     assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 401
     # Shorter than Redis counts (a millisecond) is made, and is over at once.
-    instant, _ = client.create_token("instant", "viewer", expires_in=0.0001)
+    instant, _ = web_client.create_token("instant", "viewer", expires_in=0.0001)
     time.sleep(0.01)
     assert http.get("/api/v1/jobs", headers=auth(instant)).status_code == 401
 
@@ -215,7 +215,7 @@ def test_logs_page_by_cursor_and_outputs_download(
 
 
 def test_workers_queues_and_tokens(
-    client: Client, workers: Workers, http: FlaskClient, tokens: dict[str, str]
+    client: Client, web_client: Client, workers: Workers, http: FlaskClient, tokens: dict[str, str]
 ) -> None:
     workers.start("w1", 2)
     viewer, admin = auth(tokens["viewer"]), auth(tokens["admin"])
@@ -234,7 +234,7 @@ def test_workers_queues_and_tokens(
     assert made.status_code == 201
     assert made.json is not None
     assert made.json["token"].startswith("glt_")
-    assert client.check_token(made.json["token"]) is not None
+    assert web_client.check_token(made.json["token"]) is not None
     listed_tokens = http.get("/api/v1/tokens", headers=admin).json
     assert listed_tokens is not None
     assert "ci" in [t["name"] for t in listed_tokens["tokens"]]
@@ -246,12 +246,12 @@ def test_workers_queues_and_tokens(
     assert http.delete("/api/v1/tokens/ci", headers=admin).status_code == 404
 
 
-def test_tokens_from_the_command_line(cli: Callable[..., Result], client: Client) -> None:
+def test_tokens_from_the_command_line(cli: Callable[..., Result], web_client: Client) -> None:
     made = cli("token", "create", "--name", "laptop", "--role", "viewer", "--expires", "1d")
     assert made.exit_code == 0
     secret = made.stdout.strip()
     assert secret.startswith("glt_")
-    info = client.check_token(secret)
+    info = web_client.check_token(secret)
     assert info is not None
     assert (info.name, info.role) == ("laptop", "viewer")
     assert "laptop  viewer" in cli("token", "list").output
@@ -264,12 +264,12 @@ def test_tokens_from_the_command_line(cli: Callable[..., Result], client: Client
     assert bad.exit_code == 2
     assert bad.output.startswith("Error: invalid token: name: String should match pattern")
     assert cli("token", "revoke", "laptop").exit_code == 0
-    assert client.check_token(secret) is None
+    assert web_client.check_token(secret) is None
     assert cli("token", "revoke", "laptop").exit_code == 2
 
 
-def test_the_server_command_serves_the_api_with_gunicorn(env: dict[str, str], client: Client) -> None:
-    token, _ = client.create_token("served", "viewer")
+def test_the_server_command_serves_the_api_with_gunicorn(env: dict[str, str], web_client: Client) -> None:
+    token, _ = web_client.create_token("served", "viewer")
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
@@ -340,7 +340,7 @@ def test_a_log_websocket_sends_the_stored_lines_then_the_new_ones_as_printed(
 
 
 def test_a_log_websocket_refuses_another_origin_and_closes_when_its_token_is_revoked(
-    client: Client, served: str, tokens: dict[str, str]
+    client: Client, web_client: Client, served: str, tokens: dict[str, str]
 ) -> None:
     job = client.submit(["true"], labels={"zone": "mars"})  # waits: nothing ends it
     url = f"ws://{served}/ws/jobs/{job.id}/logs"
@@ -352,7 +352,7 @@ def test_a_log_websocket_refuses_another_origin_and_closes_when_its_token_is_rev
         Client_.connect(url, headers=auth(tokens["metrics"]))
     ws = Client_.connect(url, headers={**auth(tokens["viewer"]), "Origin": f"http://{served}"})
     time.sleep(0.3)
-    client.revoke_token("t-viewer")
+    web_client.revoke_token("t-viewer")
     started = time.monotonic()
 
     def drain() -> None:
@@ -386,7 +386,7 @@ def test_metrics_for_prometheus(
 
 
 def test_a_browser_logs_in_with_a_token_and_its_session_needs_csrf_for_changes(
-    client: Client, http: FlaskClient, tokens: dict[str, str]
+    web_client: Client, http: FlaskClient, tokens: dict[str, str]
 ) -> None:
     assert http.post("/login", json={"token": "glt_wrong"}).status_code == 401
     answer = http.post("/login", data={"token": tokens["submitter"]})
@@ -411,7 +411,7 @@ def test_a_browser_logs_in_with_a_token_and_its_session_needs_csrf_for_changes(
         http.post("/api/v1/jobs", json={"command": ["true"]}, headers={"X-CSRF-Token": csrf}).status_code
         == 201
     )
-    client.revoke_token("t-submitter")
+    web_client.revoke_token("t-submitter")
     assert http.get("/api/v1/jobs").status_code == 401
     assert http.post("/logout").status_code == 200
 

@@ -24,6 +24,8 @@ import pytest
 import redis
 
 from gpulayer import Client, JobState, Settings
+from gpulayer import access as accesses
+from gpulayer.installation import Installation
 from gpulayer.server import free_port
 from tests.conftest import Workers, wait_for
 
@@ -72,7 +74,9 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack(
+    redis_server: str, installation: Installation, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     """`gpulayer server` and a worker named gpu-box with two simulated GPUs, for the whole module.
     (Not conftest's `redis_url`, `client` and `workers`, which start afresh for every test: one
     server and worker for the module keeps it quick. Nothing else uses Redis while it runs.)"""
@@ -80,15 +84,16 @@ def stack(redis_server: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     connection.flushall()
     connection.close()
     base = tmp_path_factory.mktemp("browser")
+    for role in ("web", "worker"):  # the server and the worker each in their role
+        accesses.save(base / "home", installation.access(role))
     env = {
-        **os.environ,
-        "GPULAYER_REDIS_URL": redis_server,
+        **{k: v for k, v in os.environ.items() if k not in ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)},
         "GPULAYER_HOME": str(base / "home"),
         "GPULAYER_KILL_GRACE_SECONDS": "2",
         # Samples every second, so the charts and sparklines have some within a test.
         "GPULAYER_TELEMETRY_INTERVAL": "1",
     }
-    client = Client(redis_server, settings=Settings(home=base / "home"))
+    client = Client(settings=Settings(home=base / "home"), access=accesses.load(base / "home", "web"))
     workers = Workers(client, env, base / "worker-logs")
     url = f"http://127.0.0.1:{free_port()}"
     with open(base / "server.log", "ab") as log:

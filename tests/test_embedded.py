@@ -3,46 +3,16 @@ a local worker in the background, and every other command finding them without f
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import stat
-import subprocess
-import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
-import pytest
 
+from gpulayer import access as accesses
 from gpulayer.server import redis_server_binary
-
-
-def gpulayer(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpulayer", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
-@pytest.fixture
-def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GPULAYER_")}
-    env["GPULAYER_HOME"] = str(tmp_path / "home")
-    yield env
-    gpulayer(env, "down", "--timeout", "5")
-    state = tmp_path / "home" / "server.json"
-    if state.exists():
-        for key in ("redis_pid", "worker_pid", "web_pid"):
-            pid = json.loads(state.read_text()).get(key)
-            if pid:
-                with contextlib.suppress(psutil.Error):
-                    psutil.Process(pid).kill()
+from tests.conftest import gpulayer
 
 
 def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_env: dict[str, str]) -> None:
@@ -51,16 +21,22 @@ def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_en
     assert up.returncode == 0, up.stderr
     assert "GPUlayer is up." in up.stdout
     state = json.loads((home / "server.json").read_text())
-    password = state["redis_url"].split(":")[2].split("@")[0]
-    assert f"gpulayer join redis://:{password}@127.0.0.1:{state['port']}/0" in up.stdout
-    assert password not in up.stdout.split("gpulayer join")[0]  # only the join line shows it
-    assert stat.S_IMODE((home / "server.json").stat().st_mode) == 0o600
+    installation = json.loads((home / "installation.json").read_text())
+    # The join line carries a worker's access, in the environment (never on a command line).
+    [join] = [line.strip() for line in up.stdout.splitlines() if line.strip().endswith("gpulayer join")]
+    join_token = join.removeprefix(f"{accesses.TOKEN_VARIABLE}=").removesuffix(" gpulayer join")
+    worker = accesses.Access.from_token(join_token)
+    assert worker.role == "worker"
+    assert worker.redis_url.startswith(f"redis://gpulayer-worker:{installation['passwords']['worker']}@")
+    for role in ("admin", "web", "submitter", "viewer"):  # no other role's password is printed
+        assert installation["passwords"][role] not in up.stdout
 
     redis_process = psutil.Process(state["redis_pid"])
     assert redis_process.exe() == os.path.realpath(redis_server_binary())
     config = (home / "redis" / "redis.conf").read_text().splitlines()
     for line in ("appendonly yes", "appendfsync everysec", "bind 127.0.0.1", f"dir {home / 'redis'}"):
         assert line in config
+    assert f"aclfile {home / 'redis' / 'users.acl'}" in config
 
     run = gpulayer(up_env, "submit", "--wait", "--", "echo", "hello from up")
     assert run.returncode == 0, run.stderr

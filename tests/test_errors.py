@@ -10,6 +10,7 @@ import redis
 from click.testing import Result
 
 from gpulayer import Client, InputNotFound, Settings, SourceError
+from gpulayer import access as accesses
 from gpulayer.server import free_port
 
 Cli = Callable[..., Result]
@@ -41,11 +42,25 @@ def test_the_password_in_a_url_is_never_printed(cli: Cli) -> None:
     assert ":***@127.0.0.1" in one_line_error(result)
 
 
-def test_no_redis_known_says_how_to_get_one(cli: Cli, env: dict[str, str]) -> None:
-    del env["GPULAYER_REDIS_URL"]
+def test_no_installation_known_says_how_to_get_one(cli: Cli, env: dict[str, str], tmp_path: Path) -> None:
+    env["GPULAYER_HOME"] = str(tmp_path / "empty-home")
     result = cli("jobs")
     assert result.exit_code == 1
-    assert one_line_error(result).startswith("no Redis to talk to: run `gpulayer up`")
+    assert one_line_error(result).startswith("no installation to talk to: run `gpulayer up`")
+
+
+def test_a_command_beyond_this_machines_role_says_which_role_it_needs(
+    cli: Cli, env: dict[str, str], home: Path, tmp_path: Path
+) -> None:
+    submitter = accesses.load(home, "submitter")
+    assert submitter is not None
+    accesses.save(tmp_path / "laptop", submitter)
+    env["GPULAYER_HOME"] = str(tmp_path / "laptop")
+    result = cli("token", "list")
+    assert result.exit_code == 1
+    assert one_line_error(result).startswith(
+        "this needs the admin or web role's access; this machine holds only the submitter role's"
+    )
 
 
 def test_a_missing_source_folder_is_named_and_nothing_is_written(
@@ -78,7 +93,10 @@ def test_an_empty_command_is_refused(cli: Cli, raw_redis: redis.Redis, command: 
     ("args", "message"),
     [
         (["--env", "1BAD=x"], "invalid job: env: '1BAD' is not a valid environment variable name"),
-        (["--env", "GPULAYER_JOB_ID=x"], "invalid job: env: GPULAYER_JOB_ID is set by GPUlayer itself"),
+        (
+            ["--env", "GPULAYER_JOB_ID=x"],
+            "invalid job: env: GPULAYER_JOB_ID is set by the worker for each job; a job's env may not set it",
+        ),
         (
             ["--output", "/etc/passwd"],
             "invalid job: outputs: output '/etc/passwd' must be a path inside the "

@@ -19,7 +19,6 @@ from click.testing import Result
 
 import gpulayer as gl
 from gpulayer import Client, DistributedJob, JobState, Unschedulable
-from gpulayer.signing import ensure_secret
 from gpulayer.store.execution import ExecutionStore, QueueOffer
 from gpulayer.store.gangs import Candidate, GangStore, Hold, Waiting
 from gpulayer.store.jobs import parse_spec
@@ -499,7 +498,6 @@ def value(handle: gl.FunctionHandle[Any]) -> Any:
 
 @pytest.fixture
 def remote_gang(client: Client, home: Path, tmp_path: Path, workers: Workers) -> Workers:
-    ensure_secret(home)
     (tmp_path / "project").mkdir()
     workers.start("fa", 2)
     workers.start("fb", 2)

@@ -19,8 +19,14 @@ OUTSIDE = "must be a path inside the job's folder (relative, no '..')"
         ({"command": ["echo", "a\0b"]}, "command: the command holds a NUL byte"),
         ({"env": {"1BAD": "x"}}, "env: '1BAD' is not a valid environment variable name"),
         ({"env": {"A-B": "x"}}, "env: 'A-B' is not a valid environment variable name"),
-        ({"env": {"GPULAYER_JOB_ID": "x"}}, "env: GPULAYER_JOB_ID is set by GPUlayer itself"),
-        ({"env": {"GPULAYER_ATTEMPT": "1"}}, "env: GPULAYER_ATTEMPT is set by GPUlayer itself"),
+        (
+            {"env": {"GPULAYER_JOB_ID": "x"}},
+            "env: GPULAYER_JOB_ID is set by the worker for each job; a job's env may not set it",
+        ),
+        (
+            {"env": {"GPULAYER_ATTEMPT": "1"}},
+            "env: GPULAYER_ATTEMPT is set by the worker for each job; a job's env may not set it",
+        ),
         ({"env": {"FOO": "a\0"}}, "env: the value of FOO holds a NUL byte"),
         ({"outputs": ["/etc/passwd"]}, f"outputs: output '/etc/passwd' {OUTSIDE}"),
         ({"outputs": ["a/../../x"]}, f"outputs: output 'a/../../x' {OUTSIDE}"),
@@ -44,7 +50,7 @@ def test_an_invalid_spec_raises_one_line_naming_the_problem(fields: dict[str, ob
 def test_a_valid_spec_round_trips_through_json() -> None:
     spec = build_spec(
         command=["python", "train.py", "--lr", "0.1"],
-        env={"CUDA_VISIBLE_DEVICES": "0", "_X1": "ünïcode"},
+        env={"OMP_NUM_THREADS": "4", "_X1": "ünïcode"},
         timeout=3600.5,
         name="train run",
         outputs=["model.pt", "logs/**/*.json"],

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpulayer import Client, JobState, Settings
-from gpulayer.server import free_port, start_redis, wait_ready
-from tests.conftest import WAIT, Workers, wait_for
+from gpulayer.access import TOKEN_VARIABLE
+from tests.conftest import WAIT, Workers, start_hub, wait_for
 
 FAST = ("--lease-ttl", "1.5", "--heartbeat", "0.3")
 
@@ -58,11 +58,9 @@ def test_a_worker_cut_off_past_its_lease_loses_its_job_and_writes_nothing_after(
     namespace: tuple[str, str, str], tmp_path: Path, env: dict[str, str]
 ) -> None:
     name, host_link, host_ip = namespace
-    port = free_port()
-    redis_process = start_redis(tmp_path / "redis", port, bind=f"127.0.0.1 {host_ip}", durable=False)
-    wait_ready(f"redis://127.0.0.1:{port}/0", redis_process)
-    client = Client(f"redis://127.0.0.1:{port}/0", settings=Settings(home=tmp_path / "home"))
-    fleet = Workers(client, {**env, "GPULAYER_REDIS_URL": f"redis://127.0.0.1:{port}/0"}, tmp_path / "logs")
+    made, redis_process = start_hub(tmp_path / "redis", bind=f"127.0.0.1 {host_ip}")
+    client = Client(settings=Settings(home=tmp_path / "home"), access=made.access("submitter"))
+    fleet = Workers(client, {**env, TOKEN_VARIABLE: made.access("worker").token()}, tmp_path / "logs")
     ledger = tmp_path / "ledger"
     isolated = None
     try:
@@ -70,7 +68,7 @@ def test_a_worker_cut_off_past_its_lease_loses_its_job_and_writes_nothing_after(
             isolated = subprocess.Popen(
                 ["ip", "netns", "exec", name, sys.executable, "-m", "gpulayer", "worker", "start",
                  "--name", "isolated", "--slots", "1", *FAST],
-                env={**env, "GPULAYER_REDIS_URL": f"redis://{host_ip}:{port}/0"},
+                env={**env, TOKEN_VARIABLE: made.access("worker", host_ip).token()},
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         fleet.wait_registered("isolated", isolated)
@@ -107,14 +105,12 @@ def test_a_gang_job_s_ranks_reach_each_other_across_a_real_network(
     the address its worker advertises (its end of the route to Redis)."""
     pytest.importorskip("torch")
     name, host_link, host_ip = namespace
-    port = free_port()
-    redis_process = start_redis(tmp_path / "redis", port, bind=f"127.0.0.1 {host_ip}", durable=False)
-    url = f"redis://{host_ip}:{port}/0"
-    wait_ready(url, redis_process)
-    client = Client(url, settings=Settings(home=tmp_path / "home"))
+    made, redis_process = start_hub(tmp_path / "redis", bind=f"127.0.0.1 {host_ip}")
+    token = made.access("worker", host_ip).token()
+    client = Client(settings=Settings(home=tmp_path / "home"), access=made.access("submitter", host_ip))
     # Gloo picks its interface by name; each side names its end of the veth pair.
     fleet = Workers(
-        client, {**env, "GPULAYER_REDIS_URL": url, "GLOO_SOCKET_IFNAME": host_link}, tmp_path / "logs"
+        client, {**env, TOKEN_VARIABLE: token, "GLOO_SOCKET_IFNAME": host_link}, tmp_path / "logs"
     )
     inside = None
     try:
@@ -123,7 +119,7 @@ def test_a_gang_job_s_ranks_reach_each_other_across_a_real_network(
             inside = subprocess.Popen(
                 ["ip", "netns", "exec", name, sys.executable, "-m", "gpulayer", "worker", "start",
                  "--name", "b-inside", "--slots", "1"],
-                env={**env, "GPULAYER_REDIS_URL": url, "GLOO_SOCKET_IFNAME": host_link.replace("glh", "gln")},
+                env={**env, TOKEN_VARIABLE: token, "GLOO_SOCKET_IFNAME": host_link.replace("glh", "gln")},
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         fleet.wait_registered("b-inside", inside)

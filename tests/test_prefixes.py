@@ -27,6 +27,8 @@ def test_a_worker_runs_only_its_installations_jobs(redis_url: str, home: Path, w
     team_b = Client(redis_url, settings=Settings(home=home, prefix="teamB"))
     workers.client = team_b
     workers.env["GPULAYER_PREFIX"] = "teamB"
+    # The Redis users are the gpulayer prefix's: this worker of another installation logs in as admin.
+    workers.env["GPULAYER_REDIS_URL"] = redis_url
     workers.start(name="shared-host")
     mine, theirs = team_b.submit(["true"]), team_a.submit(["true"])
     assert mine.wait(30).state is JobState.SUCCEEDED

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from gpulayer import Client, JobState
+from gpulayer.models import build_spec
 from gpulayer.store.artifacts import INPUTS_ARCHIVE
 from tests.conftest import Workers, kill_machine, wait_for
 
@@ -230,13 +231,13 @@ def test_an_unsafe_archive_fails_the_job_with_a_clear_reason(
     member: tarfile.TarInfo | str,
     reason: str,
 ) -> None:
-    (tmp_path / "data.csv").write_text("1\n")
-    job = client.submit(["true"], inputs=[tmp_path / "data.csv"])
-    # Written over the job's own files, as anyone who can reach Redis could.
-    client._artifacts.put_inputs(job.id, "forged", INPUTS_ARCHIVE, forged_archive(member))
-    raw_redis.rename(client.keys.staged_inputs(job.id, "forged"), client.keys.inputs(job.id))
+    # Signed by a submitter, so the worker opens it (an archive changed after submit is refused
+    # unopened: see test_security.py).
+    digest = client._artifacts.put_inputs("a1a1a1a1a1a1", "up", INPUTS_ARCHIVE, forged_archive(member))
+    spec = build_spec(command=["true"], inputs=["data.csv"])
+    assert client._jobs.submit("a1a1a1a1a1a1", spec, "up", {INPUTS_ARCHIVE: digest}) == "a1a1a1a1a1a1"
     workers.start()
-    record = job.wait(30)
+    record = client.get("a1a1a1a1a1a1").wait(30)
     assert record.state is JobState.FAILED
     assert record.reason is not None
     assert record.reason.startswith("cannot unpack the job's files: ")

@@ -26,10 +26,13 @@ import redis
 
 import gpulayer as gl
 from gpulayer import Client, JobState, Settings
+from gpulayer import access as accesses
 from gpulayer.models import FunctionSpec, build_spec
-from gpulayer.payloads import CALL, RESULT
-from gpulayer.signing import Signer, ensure_secret
+from gpulayer.payloads import CALL, RESULT, load_result
+from gpulayer.signing import Keyring, SigningKey, sign_result
 from gpulayer.store.artifacts import BUNDLE_TTL
+from gpulayer.store.jobs import JobStore
+from gpulayer.store.scripts import Scripts
 
 from .conftest import WAIT, Workers, kill_machine, wait_for
 
@@ -46,11 +49,6 @@ class Unpicklable(Exception):
 
 
 @pytest.fixture
-def secret(home: Path) -> bytes:
-    return ensure_secret(home)
-
-
-@pytest.fixture
 def project(tmp_path: Path) -> Path:
     folder = tmp_path / "project"
     folder.mkdir()
@@ -59,7 +57,7 @@ def project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def remote(client: Client, project: Path, secret: bytes) -> Callable[..., Any]:
+def remote(client: Client, project: Path) -> Callable[..., Any]:
     """``gl.remote`` bound to the test's client and project folder."""
 
     def decorate(function: Callable[..., Any] | None = None, **options: Any) -> Any:
@@ -148,7 +146,7 @@ def write_project(root: Path) -> Path:
 
 @pytest.mark.slow
 def test_script_module_closure_and_lambda_run_on_a_worker_that_never_saw_the_code(
-    workers: Workers, env: dict[str, str], tmp_path: Path, secret: bytes
+    workers: Workers, env: dict[str, str], tmp_path: Path
 ) -> None:
     workers.start("w1", 2)
     out = json.loads(run_script(write_project(tmp_path), env).stdout)
@@ -189,14 +187,14 @@ def monitor_writes(url: str, key: str) -> tuple[list[str], Callable[[], None]]:
 
 @pytest.mark.slow
 def test_a_second_call_ships_no_new_code(
-    workers: Workers, env: dict[str, str], tmp_path: Path, secret: bytes, raw_redis: redis.Redis, home: Path
+    workers: Workers, env: dict[str, str], tmp_path: Path, raw_redis: redis.Redis, home: Path, redis_url: str
 ) -> None:
     workers.start("w1", 2)
     script = write_project(tmp_path)
     run_script(script, env)
     [bundle_key] = [key.decode() for key in raw_redis.scan_iter("*:bundle:*")]
     assert 0 < raw_redis.ttl(bundle_key) <= BUNDLE_TTL
-    seen, finish = monitor_writes(env["GPULAYER_REDIS_URL"], bundle_key)
+    seen, finish = monitor_writes(redis_url, bundle_key)
     run_script(script, env)  # a new process, the same code
     finish()
     assert seen, "the second run asked whether the bundle is there"
@@ -343,23 +341,23 @@ def evil_payload(marker: Path) -> bytes:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signed_with", [None, b"not-the-installation-secret-0123456789"])
-def test_a_forged_payload_written_into_redis_is_refused_unpickled(
-    workers: Workers, client: Client, tmp_path: Path, secret: bytes, signed_with: bytes | None
+def test_a_call_signed_with_another_installations_key_is_refused_unpickled(
+    workers: Workers, client: Client, tmp_path: Path
 ) -> None:
     workers.start("w1", 1)
     marker = tmp_path / "pwned"
     payload = evil_payload(marker)
-    if signed_with:
-        payload = Signer(signed_with).sign(payload)
     spec = build_spec(command=["forged"], function=FunctionSpec(name="forged", bundle="0" * 64))
-    # Straight into Redis, as anyone who can reach it could: no client, no secret.
-    client._artifacts.put_inputs("f0f0f0f0f0f0", "up", CALL, io.BytesIO(payload))
-    assert client._jobs.submit("f0f0f0f0f0f0", spec, "up") == "f0f0f0f0f0f0"
+    # Signed, but not by a submitter of this installation: a key anyone can make.
+    other = Keyring(job_key=SigningKey.generate())
+    forger = JobStore(
+        client.redis, client.keys, Scripts(client.redis, client.keys, client.settings), client.settings, other
+    )
+    digest = client._artifacts.put_inputs("f0f0f0f0f0f0", "up", CALL, io.BytesIO(payload))
+    assert forger.submit("f0f0f0f0f0f0", spec, "up", {CALL: digest}) == "f0f0f0f0f0f0"
     record = client.get("f0f0f0f0f0f0").wait(WAIT)
     assert record.state is JobState.FAILED
-    assert record.reason is not None
-    assert record.reason.startswith("refused: the payload is not signed")
+    assert record.reason == "refused: the job is signed with another installation's key; it was not run"
     assert not marker.exists()
     # The worker is fine, and runs real calls after it.
     assert gl.remote(square, client=client, source=tmp_path).remote(5).result(timeout=WAIT) == 25
@@ -458,22 +456,23 @@ def test_an_argument_that_cannot_be_pickled_fails_at_once_and_writes_nothing(
     assert set(raw_redis.keys()) == before
 
 
-def test_without_a_secret_the_client_says_how_to_get_one(
-    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("GPULAYER_SECRET", raising=False)
+def test_without_a_key_the_client_says_how_to_get_one(redis_url: str, tmp_path: Path) -> None:
     client = Client(redis_url, settings=Settings(home=tmp_path / "empty-home"))
     with pytest.raises(gl.ConfigError, match="gpulayer up"):
         gl.remote(square, client=client, source=tmp_path).remote(1)
 
 
 @pytest.mark.slow
-def test_a_worker_without_the_secret_fails_function_jobs_saying_why(
-    workers: Workers, remote: Callable[..., Any], env: dict[str, str], tmp_path: Path
+def test_a_worker_without_the_result_key_fails_function_jobs_saying_why(
+    workers: Workers, remote: Callable[..., Any], env: dict[str, str], home: Path, tmp_path: Path
 ) -> None:
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    keys = {name: text for name, text in worker.keys.items() if name != "result_key"}
+    accesses.save(tmp_path / "worker-home", worker.model_copy(update={"keys": keys}))
     workers.env = {**env, "GPULAYER_HOME": str(tmp_path / "worker-home")}
     workers.start("w1", 1)
-    with pytest.raises(gl.JobFailed, match="no secret"):
+    with pytest.raises(gl.JobFailed, match="no key to sign results with"):
         remote(square).remote(1).result(timeout=WAIT)
 
 
@@ -491,19 +490,28 @@ def _no_default_client() -> Iterator[None]:
     gl.functions._default = None
 
 
-def test_payloads_verify_before_unpickling(tmp_path: Path) -> None:
-    signer = Signer(b"k" * 32)
+def test_results_verify_before_unpickling_and_only_for_their_job_and_attempt(tmp_path: Path) -> None:
+    key = SigningKey.generate()
     marker = tmp_path / "pwned"
-    blob = signer.sign(pickle.dumps(3))
-    assert signer.verify(blob) == pickle.dumps(3)
-    for forged in (evil_payload(marker), Signer(b"x" * 32).sign(evil_payload(marker)), blob[:-1] + b"!"):
+    blob = sign_result(key, "job1", 1, RESULT, pickle.dumps(3))
+    assert load_result(key.public, "job1", 1, RESULT, blob) == 3
+    evil = evil_payload(marker)
+    forged = [
+        (evil, "job1", 1, RESULT),  # unsigned
+        (sign_result(SigningKey.generate(), "job1", 1, RESULT, evil), "job1", 1, RESULT),  # another key
+        (blob[:-1] + b"!", "job1", 1, RESULT),  # changed after signing
+        (blob, "job2", 1, RESULT),  # moved to another job
+        (blob, "job1", 2, RESULT),  # to another attempt
+        (blob, "job1", 1, "error.pkl"),  # as another file
+    ]
+    for stored, job_id, attempt, name in forged:
         with pytest.raises(gl.UntrustedPayload):
-            signer.verify(forged)
+            load_result(key.public, job_id, attempt, name, stored)
     assert not marker.exists()
 
 
 @pytest.mark.slow
-def test_the_remote_functions_example_runs(workers: Workers, env: dict[str, str], secret: bytes) -> None:
+def test_the_remote_functions_example_runs(workers: Workers, env: dict[str, str]) -> None:
     workers.start("w1", 2)
     example = Path(__file__).resolve().parent.parent / "examples" / "remote_functions" / "squares.py"
     out = run_script(example, env).stdout

@@ -99,7 +99,7 @@ def receive(ws: Any, until: Any, timeout: float = 30) -> list[dict[str, Any]]:
 
 
 def test_the_events_socket_sends_job_states_workers_and_telemetry_and_closes_when_revoked(
-    client: Client, fast: Workers, served: str, tokens: dict[str, str]
+    client: Client, web_client: Client, fast: Workers, served: str, tokens: dict[str, str]
 ) -> None:
     fast.start("w1", 1)
     ws = Client_.connect(f"ws://{served}/ws/events", headers=auth(tokens["viewer"]))
@@ -116,7 +116,7 @@ def test_the_events_socket_sends_job_states_workers_and_telemetry_and_closes_whe
     w2.send_signal(signal.SIGTERM)
     receive(ws, lambda e: e == {"type": "worker", "name": "w2", "event": "left"})
 
-    client.revoke_token("t-viewer")
+    web_client.revoke_token("t-viewer")
     with pytest.raises(ConnectionClosed):
         receive(ws, lambda e: False, timeout=10)
 

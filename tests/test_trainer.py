@@ -23,7 +23,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer as gl
 from gpulayer.server import free_port
-from gpulayer.signing import ensure_secret
 from tests.conftest import Workers, kill_machine, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +324,6 @@ def test_num_nodes_runs_the_fit_as_a_gang_job_and_brings_its_run_folder_back(
 ) -> None:
     """Two workers, one rank each: the same loss as two local ranks, rank 0's weights and its run
     folder here, the job's parts on both workers."""
-    ensure_secret(home)  # the call travels signed, as remote functions' do
     workers.start("node-a", 1)
     workers.start("node-b", 1)
     local, gang = Regression(), Regression()
@@ -504,7 +502,6 @@ def test_a_remote_fit_whose_worker_dies_resumes_on_another_worker(
 ) -> None:
     """remote=True: rank 0's run folder is its part's checkpoint folder, kept in Redis; the retry,
     on another worker, resumes from it, and the caller gets the whole run back."""
-    ensure_secret(home)
     workers.env = {**env, "GPULAYER_CHECKPOINT_INTERVAL": "0.2"}
     doomed = workers.start("doomed", 1, "--label", "pool=remote", *FAST)
     options = {"client": client, "source": ROOT, "labels": {"pool": "remote"}, "retries": 1}

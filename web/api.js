@@ -84,7 +84,7 @@ export class LiveSocket {
         this.onStatus("done");
         return;
       }
-      // 1008: the token was revoked; the next request will say so and end the session.
+      // 1008: the token was revoked or expired, or the session ended; the next request says so.
       if (event.code === 1008) {
         this.closed = true;
         this.onStatus("refused");

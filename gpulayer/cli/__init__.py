@@ -1,5 +1,6 @@
 """The ``gpulayer`` command line: a thin layer over :class:`gpulayer.Client`."""
 
+from .access import access_group, connect
 from .app import main
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
@@ -12,6 +13,8 @@ _COMMANDS = (
     down,
     worker,
     join,
+    connect,
+    access_group,
     workers,
     resources,
     submit,

@@ -10,16 +10,17 @@ import click
 import redis.exceptions
 
 from .. import __version__
+from .. import access as accesses
 from ..client import Client
 from ..errors import GpulayerError
-from ..home import resolve_redis_url
-from ..models import JobRecord, JobState
+from ..models import AccessRole, JobRecord, JobState
 from ..settings import Settings
 from ..store.connection import redact
 from ..units import parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
-_URL_KEY = "gpulayer.redis_url"
+#: Where a command keeps the (redacted) Redis URL it uses, for its error messages.
+URL_KEY = "gpulayer.redis_url"
 
 #: How a job's end becomes the exit status of `submit --wait` and `wait`.
 EXIT_TIMED_OUT = 124
@@ -41,7 +42,7 @@ class Group(click.Group):
         except GpulayerError as exc:
             raise CommandError(str(exc), exc.exit_code) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            url = ctx.meta.get(_URL_KEY, "the configured URL")
+            url = ctx.meta.get(URL_KEY, "the configured URL")
             raise CommandError(f"cannot reach Redis at {url}: {exc}", 1) from None
         except redis.exceptions.RedisError as exc:
             raise CommandError(f"Redis refused the request: {exc}", 1) from None
@@ -125,21 +126,17 @@ def redis_url_option(command: F) -> F:
         "--redis-url",
         envvar="GPULAYER_REDIS_URL",
         metavar="URL",
-        help="Redis of the installation (default: GPULAYER_REDIS_URL, else the one `gpulayer up` runs here).",
+        help="Redis of the installation, in place of the one this machine's access names (default: "
+        "GPULAYER_REDIS_URL, else what `gpulayer up`, `join` or `connect` kept here).",
     )(command)
 
 
-def resolve(redis_url: str | None) -> tuple[Settings, str]:
-    """Settings from the environment, and the Redis URL to use (remembered for error messages)."""
+def open_client(redis_url: str | None, roles: tuple[AccessRole, ...] = accesses.CLIENT_ROLES) -> Client:
+    """A client in the strongest of ``roles`` this machine holds (its URL remembered for error messages)."""
     settings = Settings.from_env(redis_url=redis_url)
-    url = resolve_redis_url(settings.redis_url, settings.home)
-    click.get_current_context().meta[_URL_KEY] = redact(url)
-    return settings, url
-
-
-def open_client(redis_url: str | None) -> Client:
-    settings, url = resolve(redis_url)
-    return Client(url, settings=settings)
+    access = accesses.resolve(settings.redis_url, settings.home, roles)
+    click.get_current_context().meta[URL_KEY] = redact(access.redis_url)
+    return Client(settings=settings, access=access)
 
 
 def job_exit_code(record: JobRecord) -> int:

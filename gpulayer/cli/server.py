@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -15,13 +14,26 @@ from urllib.parse import urlsplit
 
 import click
 
+from .. import access as accesses
 from .. import home as local
+from .. import installation as installations
+from .. import tls
 from ..client import Client
-from ..errors import ServerError
-from ..server import address_towards, free_port, shutdown_redis, start_redis, wait_ready
+from ..errors import ConfigError, ServerError
+from ..installation import Installation
+from ..server import (
+    address_towards,
+    free_port,
+    redis_server_binary,
+    redis_version,
+    shutdown_redis,
+    start_redis,
+    supports_tls,
+    wait_ready,
+)
 from ..settings import Settings
-from ..signing import ensure_secret
-from ..store.connection import redact
+from ..store import acl
+from ..store.keys import Keys
 from .app import duration, redis_url_option
 
 #: How long `up` waits for its worker to register, and for its web server to answer.
@@ -30,7 +42,9 @@ _WORKER_START = 20.0
 WEB_PORT = 8080
 #: The token `up` makes (once) for the dashboard.
 ADMIN_TOKEN = "admin"
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: What the processes `up` starts must not inherit: they find their own role's access in the home.
+_NOT_INHERITED = ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)
 
 
 @click.command()
@@ -42,8 +56,13 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 )
 @click.option(
     "--bind",
-    help="Address the embedded Redis listens on (default 127.0.0.1; 0.0.0.0 lets other "
-    "machines join; it always has a password).",
+    help="Address the embedded Redis listens on (default 127.0.0.1). Any other address lets other "
+    "machines join, over TLS only, with a CA made for this installation.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="With --bind, plain TCP instead of TLS: passwords and jobs cross the network readable.",
 )
 @click.option("--name", help="Name of the local worker (default: this host's name).")
 @click.option(
@@ -51,6 +70,9 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 )
 @click.option(
     "--gpus", metavar="INDICES|none", help="GPUs the local worker offers: 0,1 or none (default: all)."
+)
+@click.option(
+    "--run-as", metavar="USER", help="Run the local worker's jobs as this user (see `worker start`)."
 )
 @click.option(
     "--web-port",
@@ -61,38 +83,44 @@ def up(
     redis_url: str | None,
     port: int | None,
     bind: str | None,
+    insecure: bool,
     name: str | None,
     slots: int | None,
     gpus: str | None,
+    run_as: str | None,
     web_port: int | None,
 ) -> None:
     """Start GPUlayer here: an embedded Redis (unless --redis-url is given), a local worker and the
-    HTTP API, all in the background. Prints the `gpulayer join` line that adds another machine, and,
-    the first time, an admin token."""
+    HTTP API, all in the background, each with a Redis user of its own role. Prints the `gpulayer
+    join` line that adds another machine, and, the first time, an admin token."""
     settings = Settings.from_env(redis_url=redis_url)
-    state = local.load(settings.home)
+    home = local.private_folder(settings.home)
+    state = local.load(home)
     if state and local.alive(state.worker_pid) and (not state.embedded or local.alive(state.redis_pid)):
-        changes = any(option is not None for option in (redis_url, port, bind, name, slots, gpus, web_port))
+        changes = any(
+            option is not None for option in (redis_url, port, bind, name, slots, gpus, run_as, web_port)
+        )
         click.echo(
             "GPUlayer is already up here" + ("; run `gpulayer down` first to change it." if changes else ".")
         )
-        _summary(state, settings.home)
+        _summary(state, home)
         return
     if settings.redis_url:
-        state = local.LocalState(redis_url=settings.redis_url, embedded=False)
+        installation = _external(home, settings.redis_url, settings.prefix)
+        state = local.LocalState(embedded=False)
     else:
-        state = _start_embedded(settings.home, state, port, bind)
-    local.save(settings.home, state)
-    ensure_secret(settings.home)
-    state.worker_name = name or socket.gethostname()
-    state.worker_pid = _start_worker(settings.home, state.redis_url, state.worker_name, slots, gpus)
-    local.save(settings.home, state)
+        installation, state = _start_embedded(home, state, settings.prefix, port, bind, insecure)
+    installation.save_accesses(home)
+    local.save(home, state)
+    state.worker_name, state.run_as = name or socket.gethostname(), run_as
+    state.worker_pid = _start_worker(home, installation, state.worker_name, slots, gpus, run_as)
+    local.save(home, state)
     state.web_port = web_port or (WEB_PORT if _port_free(WEB_PORT) else free_port())
-    state.web_pid = _start_web(settings.home, state.redis_url, state.web_port)
-    local.save(settings.home, state)
+    state.web_pid = _start_web(home, state.web_port)
+    local.save(home, state)
     click.echo("GPUlayer is up.")
-    _summary(state, settings.home)
-    token = _admin_token(state.redis_url)
+    _summary(state, home)
+    token = _admin_token(installation)
     if token:
         click.echo("An admin token for the API and dashboard (shown this once; `gpulayer token` makes more):")
         click.echo(f"  {token}")
@@ -126,7 +154,9 @@ def down(timeout: float) -> None:
         _stop_worker(state.worker_pid, timeout)
         click.echo(f"worker {state.worker_name} stopped")
     if state.embedded and state.redis_pid and local.alive(state.redis_pid):
-        shutdown_redis(state.redis_url)
+        admin = accesses.load(settings.home, "admin")
+        if admin is not None:
+            shutdown_redis(admin.redis_url, admin.ca)
         if not _wait_gone(state.redis_pid, 10.0):
             _kill(state.redis_pid)
         click.echo("embedded Redis stopped (data kept)")
@@ -135,69 +165,116 @@ def down(timeout: float) -> None:
 
 
 def _start_embedded(
-    home: Path, previous: local.LocalState | None, port: int | None, bind: str | None
-) -> local.LocalState:
-    """Start the embedded Redis, or keep the one still running; the password and port persist across `up`s."""
+    home: Path,
+    previous: local.LocalState | None,
+    prefix: str,
+    port: int | None,
+    bind: str | None,
+    insecure: bool,
+) -> tuple[Installation, local.LocalState]:
+    """Start the embedded Redis with a user per role, or keep the one still running; passwords, keys
+    and port persist across `up`s."""
     reuse = previous if previous and previous.embedded else None
-    if reuse and local.alive(reuse.redis_pid):
+    kept = installations.load(home)
+    if kept is not None and kept.prefix != prefix:
+        raise ConfigError(f"this home's installation uses the prefix {kept.prefix!r}, not {prefix!r}")
+    if reuse and kept and local.alive(reuse.redis_pid):
         if port not in (None, reuse.port) or bind not in (None, reuse.bind):
             raise ServerError(
                 f"the embedded Redis runs on {reuse.bind}:{reuse.port}; run `gpulayer down` to change it"
             )
-        return reuse
-    password = (_password(reuse.redis_url) if reuse else None) or secrets.token_urlsafe(24)
+        return kept, reuse
     port = port or (reuse.port if reuse else None) or free_port()
     bind = bind or (reuse.bind if reuse else "127.0.0.1")
-    host = "127.0.0.1" if bind in ("0.0.0.0", "::", *_LOOPBACK) else bind
-    url = f"redis://:{password}@{host}:{port}/0"
-    process = start_redis(home / "redis", port, bind=bind, password=password, durable=True, detach=True)
+    binary = redis_server_binary()
+    secure = bind not in LOOPBACK and not insecure
+    if secure and not supports_tls(binary):
+        raise ServerError(
+            f"{binary} was built without TLS, which --bind {bind} needs: install Redis with TLS "
+            "(Debian's redis-server), or pass --insecure for plain TCP"
+        )
+    host = "127.0.0.1" if bind in ("0.0.0.0", "::", *LOOPBACK) else bind
+    endpoint = f"{'rediss' if secure else 'redis'}://{host}:{port}/0"
+    files = tls.ensure(home, tls.machine_names(bind)) if secure else None
+    ca = tls.ca_pem(home) if secure else None
+    installation = (kept or Installation.generate(prefix, endpoint)).model_copy(
+        update={"endpoint": endpoint, "ca": ca}
+    )
+    installations.save(home, installation)
+    users = acl.acl_file(Keys(prefix), installation.passwords, redis_version(binary)[0])
+    data = local.private_folder(home / "redis")
+    process = start_redis(
+        data, port, bind=bind, acl=users, tls=files, durable=True, detach=True, binary=binary
+    )
     try:
-        wait_ready(url, process)
+        wait_ready(installation.url("admin"), process, ca=ca)
     except ServerError as exc:
-        raise ServerError(f"{exc}; see {home / 'redis' / 'redis.log'}") from None
-    return local.LocalState(redis_url=url, embedded=True, port=port, bind=bind, redis_pid=process.pid)
+        raise ServerError(f"{exc}; see {data / 'redis.log'}") from None
+    return installation, local.LocalState(embedded=True, port=port, bind=bind, redis_pid=process.pid)
 
 
-def _password(url: str) -> str | None:
-    return urlsplit(url).password
+def _external(home: Path, redis_url: str, prefix: str) -> Installation:
+    """The installation of a Redis the user runs: the one `gpulayer access init` made for it, or a new
+    one whose roles are made on it now (``redis_url`` must then be allowed ACL SETUSER)."""
+    kept = installations.load(home)
+    if kept is not None and _same_server(kept.endpoint, redis_url):
+        return kept
+    installation = installations.create_on(redis_url, prefix)
+    installations.save(home, installation)
+    return installation
 
 
-def _start_worker(home: Path, url: str, name: str, slots: int | None, gpus: str | None) -> int:
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+def _same_server(one: str, other: str) -> bool:
+    a, b = urlsplit(one), urlsplit(other)
+    return (a.hostname, a.port or 6379, a.path or "/0") == (b.hostname, b.port or 6379, b.path or "/0")
+
+
+def _child_env(home: Path) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
+    env["GPULAYER_HOME"] = str(home)
+    return env
+
+
+def _start_worker(
+    home: Path, installation: Installation, name: str, slots: int | None, gpus: str | None, run_as: str | None
+) -> int:
+    """The local worker, as the worker role (its access is in the home; nothing secret on its
+    command line or in its environment)."""
     command = [sys.executable, "-m", "gpulayer", "worker", "start", "--name", name]
     if slots:
         command += ["--slots", str(slots)]
     if gpus:
         command += ["--gpus", gpus]
-    with open(logs / "worker.log", "ab") as log_file:
-        # The URL travels in the environment, not the command line, where `ps` would show its password.
+    if run_as:
+        command += ["--run-as", run_as]
+    log = home / "logs" / "worker.log"
+    with os.fdopen(local.open_log(log), "ab") as log_file:
         process = subprocess.Popen(
             command,
-            env={**os.environ, "GPULAYER_REDIS_URL": url},
+            env=_child_env(home),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    client = Client(url)
+    client = Client(access=installation.access("admin"))
     deadline = time.monotonic() + _WORKER_START
     while not any(worker.name == name and worker.pid == process.pid for worker in client.workers()):
         if process.poll() is not None or time.monotonic() > deadline:
             _kill(process.pid)
-            raise ServerError(f"the local worker did not start; see {logs / 'worker.log'}")
+            raise ServerError(f"the local worker did not start; see {log}")
         time.sleep(0.05)
     client.close()
     return process.pid
 
 
-def _start_web(home: Path, url: str, port: int) -> int:
-    """`gpulayer server` on 127.0.0.1:``port`` in the background, once it answers."""
-    logs = home / "logs"
-    with open(logs / "web.log", "ab") as log_file:
+def _start_web(home: Path, port: int) -> int:
+    """`gpulayer server` on 127.0.0.1:``port`` in the background (as the web role), once it answers."""
+    log = home / "logs" / "web.log"
+    with os.fdopen(local.open_log(log), "ab") as log_file:
         process = subprocess.Popen(
             [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
-            env={**os.environ, "GPULAYER_REDIS_URL": url},
+            env=_child_env(home),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -207,7 +284,7 @@ def _start_web(home: Path, url: str, port: int) -> int:
     while not _answers(port):
         if process.poll() is not None or time.monotonic() > deadline:
             _kill(process.pid)
-            raise ServerError(f"the web server did not start; see {logs / 'web.log'}")
+            raise ServerError(f"the web server did not start; see {log}")
         time.sleep(0.05)
     return process.pid
 
@@ -222,9 +299,9 @@ def _port_free(port: int) -> bool:
     return not _answers(port)
 
 
-def _admin_token(url: str) -> str | None:
+def _admin_token(installation: Installation) -> str | None:
     """A new admin token, the first time (none named admin works); None after."""
-    client = Client(url)
+    client = Client(access=installation.access("admin"))
     try:
         if any(token.name == ADMIN_TOKEN for token in client.tokens()):
             return None
@@ -259,29 +336,46 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def join_host(state: local.LocalState) -> str | None:
+    """Where other machines most likely reach this one's Redis: the address on the default route, for
+    a wildcard bind; None to keep the endpoint's."""
+    if state.embedded and state.bind in ("0.0.0.0", "::"):
+        return address_towards("10.255.255.255", 1)
+    return None
+
+
 def _summary(state: local.LocalState, home: Path) -> None:
+    installation = installations.load(home)
+    if installation is None:
+        raise ConfigError(f"{home / installations.FILE} is missing: run `gpulayer down`, then `gpulayer up`")
+    admin = installation.access("admin")
+    where = accesses.describe(admin).split(" at ", 1)[1].rstrip(")")
     if state.embedded:
         click.echo(
-            f"  Redis:   {redact(state.redis_url)}  (embedded; data in {home / 'redis'}, "
+            f"  Redis:   {where}  (embedded; a user per role; data in {home / 'redis'}, "
             "append-only file synced every second)"
         )
     else:
-        click.echo(f"  Redis:   {redact(state.redis_url)}")
+        click.echo(f"  Redis:   {where}  (a user per role)")
     click.echo(f"  Worker:  {state.worker_name} (pid {state.worker_pid}; log {home / 'logs' / 'worker.log'})")
     if state.web_port:
         click.echo(f"  API:     http://127.0.0.1:{state.web_port}/api/v1  (log {home / 'logs' / 'web.log'})")
         click.echo(f"  Web:     http://127.0.0.1:{state.web_port}/  (`gpulayer dashboard` opens it)")
     click.echo("")
-    join_url = state.redis_url
-    if state.embedded and state.bind in ("0.0.0.0", "::"):
-        # The address on the default route: what other machines most likely reach this one at.
-        join_url = join_url.replace("@127.0.0.1:", f"@{address_towards('10.255.255.255', 1)}:", 1)
-    click.echo("To add another machine, run there:")
-    click.echo(f"  gpulayer join {join_url} --secret {ensure_secret(home).decode()}")
-    if state.embedded and state.bind in _LOOPBACK:
+    token = installation.access("worker", join_host(state)).token()
+    click.echo("To add another machine, run there (the token is a worker's credentials: keep it secret;")
+    click.echo("`gpulayer access export worker` prints it again):")
+    click.echo(f"  {accesses.TOKEN_VARIABLE}={token} gpulayer join")
+    if state.embedded and state.bind in LOOPBACK:
         click.echo(
             "  (this Redis listens on 127.0.0.1 only; run `gpulayer down && gpulayer up --bind 0.0.0.0` "
-            "to accept other machines)"
+            "to accept other machines, over TLS)"
+        )
+    elif not state.run_as:
+        click.echo(
+            "  Note: the local worker runs every job as you, so a job of another machine's submitter "
+            f"could read this installation's keys in {home}; run `gpulayer up --run-as USER` as root, "
+            "or run workers on other machines only."
         )
     click.echo("")
     click.echo("Try:  gpulayer submit --wait -- echo hello")

@@ -3,33 +3,103 @@ create`, `list`, `revoke`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import ssl
 import webbrowser
+from pathlib import Path
 from typing import get_args
 
 import click
 
+from .. import access as accesses
 from .. import home as local
-from ..models import Role
+from ..models import AccessRole, Role
 from ..settings import Settings
 from .app import duration, open_client, redis_url_option
+
+#: The roles that may reach API tokens in Redis.
+_TOKEN_ROLES: tuple[AccessRole, ...] = ("admin", "web")
 
 
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Serve HTTPS with this certificate (PEM, with its chain); needs --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The certificate's private key (PEM).",
+)
+@click.option(
+    "--behind-proxy",
+    is_flag=True,
+    help="Requests come through one TLS-terminating proxy: trust its X-Forwarded-For/-Proto/-Host.",
+)
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Serve plain HTTP on a non-loopback address anyway (tokens and cookies cross in clear).",
+)
 @redis_url_option
-def server(host: str, port: int, redis_url: str | None) -> None:
+def server(
+    host: str,
+    port: int,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    behind_proxy: bool,
+    insecure: bool,
+    redis_url: str | None,
+) -> None:
     """Serve the HTTP API (see docs/api.md) in the foreground, with gunicorn."""
+    tls = _tls_files(tls_cert, tls_key)
+    if tls is None and not behind_proxy and not insecure and not _loopback(host):
+        raise click.ClickException(
+            f"refusing to serve plain HTTP on {host}: tokens and session cookies would cross the network "
+            "in clear; give --tls-cert and --tls-key, --behind-proxy (a TLS proxy), or --insecure"
+        )
     # Imported here: only this command needs Flask and gunicorn.
     from ..web import create_app
     from ..web.serve import serve
 
-    client = open_client(redis_url)
+    client = open_client(redis_url, ("web", "admin"))
+    scheme = "https" if tls is not None else "http"
+    where = f"[{host}]" if ":" in host else host
+    proxied = ", behind a proxy" if behind_proxy else ""
     click.echo(
-        f"serving the GPUlayer API and dashboard on http://{host}:{port}/ (Redis: {client!r})", err=True
+        f"serving the GPUlayer API and dashboard on {scheme}://{where}:{port}/{proxied} "
+        f"(Redis: {accesses.describe(client.access)})",
+        err=True,
     )
-    serve(create_app(client), host, port)
+    app = create_app(client, behind_proxy=behind_proxy, secure_cookies=tls is not None)
+    serve(app, host, port, tls=tls)
+
+
+def _tls_files(cert: Path | None, key: Path | None) -> tuple[Path, Path] | None:
+    """Both or neither; a pair that does not load is refused now, in one line, not by gunicorn."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise click.ClickException("give --tls-cert and --tls-key together")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise click.ClickException(f"cannot serve TLS with {cert} and {key}: {exc}") from None
+    return cert, key
+
+
+def _loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host``."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @click.command()
@@ -66,7 +136,7 @@ def token() -> None:
 @redis_url_option
 def create(name: str, role: Role, expires: float | None, redis_url: str | None) -> None:
     """Make a token and print it: the only time it is shown (only its hash is kept)."""
-    secret, info = open_client(redis_url).create_token(name, role, expires)
+    secret, info = open_client(redis_url, _TOKEN_ROLES).create_token(name, role, expires)
     until = f", until {info.expires_at.isoformat(timespec='seconds')}" if info.expires_at else ""
     click.echo(f"token {name!r} ({role}{until}):", err=True)
     click.echo(secret)
@@ -77,7 +147,7 @@ def create(name: str, role: Role, expires: float | None, redis_url: str | None) 
 @redis_url_option
 def list_tokens(as_json: bool, redis_url: str | None) -> None:
     """The tokens that still work: name, role, created, expires."""
-    found = open_client(redis_url).tokens()
+    found = open_client(redis_url, _TOKEN_ROLES).tokens()
     if as_json:
         click.echo(json.dumps([info.model_dump(mode="json") for info in found], indent=2))
         return
@@ -92,5 +162,5 @@ def list_tokens(as_json: bool, redis_url: str | None) -> None:
 @redis_url_option
 def revoke(name: str, redis_url: str | None) -> None:
     """Stop a token at once."""
-    open_client(redis_url).revoke_token(name)
+    open_client(redis_url, _TOKEN_ROLES).revoke_token(name)
     click.echo(f"token {name!r} revoked")

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from .. import access as accesses
+from .. import home as local
 from ..resources import detect
-from ..signing import store_secret
-from ..store.connection import connect
+from ..settings import Settings
+from ..store.connection import connect, redact
 from ..units import format_size
 from ..worker import Worker
+from ..worker.identity import RunAs, describe
 from ..worker.worker import HEARTBEAT_INTERVAL, LEASE_TTL
-from .app import F, duration, label_option, open_client, redis_url_option, resolve
+from .app import URL_KEY, F, duration, label_option, open_client, redis_url_option
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -72,9 +77,11 @@ def _worker_options(command: F) -> F:
             "machine's address on its route to Redis).",
         ),
         click.option(
-            "--secret",
-            help="The installation's secret, that function calls are signed with (`gpulayer up` prints "
-            "it); kept in $GPULAYER_HOME/secret for later runs. Or set GPULAYER_SECRET.",
+            "--run-as",
+            metavar="USER",
+            help="Run every job process as this user (the worker must be root), so jobs can read "
+            "neither this worker's files nor its environment. Job folders then go in --workdir "
+            "(default /var/lib/gpulayer/PREFIX-NAME).",
         ),
         click.option("--burst", is_flag=True, help="Exit once the queues are empty and running jobs ended."),
         click.option(
@@ -94,19 +101,23 @@ def _worker_options(command: F) -> F:
     return command
 
 
-def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
+def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.Access | None = None) -> None:
+    """Run a worker as ``access`` (default: the worker's access kept here; ``redis_url`` replaces its URL)."""
     level = options["log_level"].upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
-    settings, url = resolve(redis_url)
+    settings = Settings.from_env(redis_url=redis_url)
+    access = access or accesses.resolve(settings.redis_url, settings.home, roles=("worker",))
+    click.get_current_context().meta[URL_KEY] = redact(access.redis_url)
     if options["kill_grace"] is not None:
         settings = dataclasses.replace(settings, kill_grace_seconds=options["kill_grace"])
-    if options["secret"]:
-        store_secret(settings.home, options["secret"].encode())
     name = options["name"] or socket.gethostname()
+    run_as = RunAs.lookup(options["run_as"]) if options["run_as"] else None
+    local.private_folder(settings.home)
     found = detect(fake_gpus=options["fake_gpus"], gpus=options["gpus"], owner=name)
     worker = Worker(
-        connect(url, socket_timeout=max(1.0, options["lease_ttl"] / 2), retries=0),
+        connect(access.redis_url, ca=access.ca, socket_timeout=max(1.0, options["lease_ttl"] / 2), retries=0),
         settings,
+        keyring=access.keyring,
         name=name,
         slots=options["slots"] or found.cpus,
         memory=found.memory,
@@ -114,6 +125,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
         labels=options["labels"],
         frameworks=found.frameworks,
         workdir=options["workdir"],
+        run_as=run_as,
         lease_ttl=options["lease_ttl"],
         heartbeat=options["heartbeat"],
         advertise_addr=options["advertise_addr"],
@@ -127,7 +139,24 @@ def run_worker(redis_url: str | None, options: dict[str, Any]) -> None:
         format_size(worker.offer.memory),
         gpus or f"none ({found.nvml})",
     )
+    _say_who_jobs_run_as(run_as)
     worker.work(burst=options["burst"], logging_level=level)
+
+
+def _say_who_jobs_run_as(run_as: RunAs | None) -> None:
+    log.info("jobs run %s", describe(run_as))
+    if run_as is None and os.geteuid() == 0:
+        log.warning(
+            "this worker runs as root without --run-as: every job runs as root, and can read this "
+            "worker's access and keys; start it with --run-as USER"
+        )
+    if run_as is not None and (why := run_as.can_run(sys.executable)):
+        log.warning(
+            "%s cannot start this worker's Python (%s): function jobs will fail; install GPUlayer "
+            "where that user can read it",
+            run_as.user,
+            why,
+        )
 
 
 @click.group()
@@ -156,8 +185,23 @@ def stop(name: str, requeue: bool, redis_url: str | None) -> None:
 
 
 @click.command()
-@click.argument("redis_url", metavar="REDIS_URL")
+@click.option(
+    "--token-file",
+    metavar="FILE|-",
+    help=f"The worker's access token, from a file or - (stdin). Default: {accesses.TOKEN_VARIABLE}, "
+    "else the access an earlier join kept here.",
+)
 @_worker_options
-def join(redis_url: str, **options: Any) -> None:
-    """Add this machine to an installation: run a worker against its Redis (the line `gpulayer up` prints)."""
-    run_worker(redis_url, options)
+def join(token_file: str | None, **options: Any) -> None:
+    """Add this machine to an installation as a worker: with the access token `gpulayer up` prints
+    (never on the command line, where every user of this machine could read it). The access is kept
+    in $GPULAYER_HOME/access/worker.json, so a later `gpulayer join` (or `worker start`) needs none."""
+    settings = Settings.from_env()
+    given = token_file or accesses.TOKEN_VARIABLE in os.environ
+    access = accesses.read_token(token_file) if given else accesses.resolve(None, settings.home, ("worker",))
+    if access.role != "worker":
+        raise click.ClickException(f"this access token is a {access.role}'s, not a worker's")
+    if given:
+        path = accesses.save(settings.home, access)
+        click.echo(f"joined as {accesses.describe(access)}; access kept in {path}", err=True)
+    run_worker(None, options, access)

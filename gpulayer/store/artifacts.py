@@ -47,46 +47,49 @@ class CorruptArtifact(ValueError):
 class ArtifactStore(Protocol):
     def put_inputs(
         self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
-    ) -> int: ...
+    ) -> str: ...
 
-    def get_inputs(self, job_id: str, name: str, dest: IO[bytes]) -> int: ...
+    def get_inputs(self, job_id: str, name: str, dest: IO[bytes]) -> str: ...
 
     def discard_inputs(self, job_id: str, upload: str) -> None: ...
 
     def put_outputs(
         self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
-    ) -> int: ...
+    ) -> str: ...
 
-    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> int: ...
+    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> str: ...
 
-    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> int: ...
+    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> str: ...
 
     def queue_inputs(self, pipe: Pipeline, job_id: str) -> None: ...
 
     def queue_outputs(self, pipe: Pipeline, job_id: str) -> None: ...
 
-    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> int: ...
+    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> str: ...
 
     def has_bundle(self, digest: str) -> bool: ...
 
-    def put_bundle(self, digest: str, stream: IO[bytes]) -> int: ...
+    def put_bundle(self, digest: str, stream: IO[bytes]) -> str: ...
 
-    def get_bundle(self, digest: str, dest: IO[bytes]) -> int: ...
+    def get_bundle(self, digest: str, dest: IO[bytes]) -> str: ...
 
 
 class RedisArtifactStore:
+    """Each ``put_*`` and ``get_*`` returns the SHA-256 (hex) of what it wrote: what a job's signature
+    names, so a reader can tell the file is the one that was signed."""
+
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
 
     def put_inputs(
         self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
-    ) -> int:
+    ) -> str:
         """Stage a file of a job about to be submitted under the submit's ``upload`` token. With ``pipe``,
         the writes are only queued on it, for the caller to send with the submit itself."""
         return self._put(self._keys.staged_inputs(job_id, upload), name, stream, PENDING_TTL, pipe)
 
-    def get_inputs(self, job_id: str, name: str, dest: IO[bytes]) -> int:
+    def get_inputs(self, job_id: str, name: str, dest: IO[bytes]) -> str:
         return self._get(self._keys.inputs(job_id), name, dest)
 
     def discard_inputs(self, job_id: str, upload: str) -> None:
@@ -94,17 +97,17 @@ class RedisArtifactStore:
 
     def put_outputs(
         self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
-    ) -> int:
+    ) -> str:
         """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish)."""
         return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe)
 
-    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> int:
+    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> str:
         """Stage an attempt's checkpoint archive (``keep_checkpoint.lua`` makes it the job's)."""
         return self._put(
             self._keys.staged_checkpoint(job_id, attempt), CHECKPOINT_ARCHIVE, stream, PENDING_TTL
         )
 
-    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> int:
+    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> str:
         """The job's checkpoint archive into ``dest``; :class:`MissingArtifact` if none was kept."""
         return self._get(self._keys.checkpoint(job_id), CHECKPOINT_ARCHIVE, dest)
 
@@ -116,7 +119,7 @@ class RedisArtifactStore:
         """Queue a read of the job's outputs whole, for :func:`small_files` (a function's result)."""
         pipe.hgetall(self._keys.outputs(job_id))
 
-    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> int:
+    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> str:
         return self._get(self._keys.outputs(job_id), name, dest)
 
     def has_bundle(self, digest: str) -> bool:
@@ -128,15 +131,15 @@ class RedisArtifactStore:
         complete, _ = pipe.execute()
         return bool(complete)
 
-    def put_bundle(self, digest: str, stream: IO[bytes]) -> int:
+    def put_bundle(self, digest: str, stream: IO[bytes]) -> str:
         return self._put(self._keys.bundle(digest), _BUNDLE, stream, BUNDLE_TTL)
 
-    def get_bundle(self, digest: str, dest: IO[bytes]) -> int:
+    def get_bundle(self, digest: str, dest: IO[bytes]) -> str:
         key = self._keys.bundle(digest)
         self._redis.expire(key, BUNDLE_TTL)
         return self._get(key, _BUNDLE, dest)
 
-    def _put(self, key: str, name: str, stream: IO[bytes], ttl: int, pipe: Pipeline | None = None) -> int:
+    def _put(self, key: str, name: str, stream: IO[bytes], ttl: int, pipe: Pipeline | None = None) -> str:
         digest = hashlib.sha256()
         size = chunks = 0
         own = pipe is None
@@ -156,9 +159,9 @@ class RedisArtifactStore:
         writes.expire(key, ttl)
         if own:
             writes.execute()
-        return size
+        return digest.hexdigest()
 
-    def _get(self, key: str, name: str, dest: IO[bytes]) -> int:
+    def _get(self, key: str, name: str, dest: IO[bytes]) -> str:
         raw = self._redis.hget(key, name)
         if raw is None:
             raise MissingArtifact(name)
@@ -174,7 +177,7 @@ class RedisArtifactStore:
                 dest.write(chunk)
                 size += len(chunk)
         _check(name, meta, size, digest.hexdigest())
-        return size
+        return digest.hexdigest()
 
 
 #: The name of a bundle's one archive inside its hash.

@@ -39,6 +39,8 @@ class Claim:
     gpus: tuple[int, ...] = ()
     #: Set for a part of a gang job (``job_id`` is then the part's own id).
     part: Part | None = None
+    #: The submitter's seal over the job (the gang job's, for a part), as stored; empty if it has none.
+    seal: bytes = b""
 
     @property
     def target(self) -> str:
@@ -118,8 +120,9 @@ class ExecutionStore:
                 flat[i + 3].decode(),
                 tuple(int(index) for index in flat[i + 4].decode().split(",") if index),
                 _part(flat[i + 5].decode()),
+                flat[i + 6] or b"",
             )
-            for i in range(0, len(flat), 6)
+            for i in range(0, len(flat), 7)
         ], int(gangs)
 
     def queue_registry(self) -> dict[str, QueueSpec]:

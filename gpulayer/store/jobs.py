@@ -15,6 +15,7 @@ from rq.utils import now
 
 from ..models import Attempt, GangPart, JobRecord, JobSpec, JobState, OutputSummary
 from ..settings import Settings
+from ..signing import Keyring, seal_job
 from .connection import BLOCK_MS
 from .keys import Keys
 from .rq_jobs import parse_timestamp, rq_fields, timestamp
@@ -37,29 +38,39 @@ def submitted(reply: list[Any]) -> str | None:
 
 
 class JobStore:
-    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, settings: Settings) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, scripts: Scripts, settings: Settings, keyring: Keyring | None = None
+    ) -> None:
         self._redis = redis
         self._keys = keys
         self._scripts = scripts
         self._retention = settings.retention_seconds
+        self._keyring = keyring or Keyring()
         self._dumped: tuple[JobSpec | None, str] = (None, "")
 
     def submit(
-        self, job_id: str, spec: JobSpec, upload: str, idempotency_key: str | None = None
+        self,
+        job_id: str,
+        spec: JobSpec,
+        upload: str,
+        files: dict[str, str],
+        idempotency_key: str | None = None,
     ) -> str | None:
         """Create the job and queue it, with the files staged under ``upload`` as its own from now on, and
         return its id — or, when ``idempotency_key`` was used by a job that still exists, that job's id.
-        None if ``job_id`` is taken."""
+        None if ``job_id`` is taken. ``files``: the SHA-256 of each, by name, signed with the job."""
         return submitted(
-            self._scripts.run("submit", *self._submit_call(job_id, spec, upload, idempotency_key))
+            self._scripts.run("submit", *self._submit_call(job_id, spec, upload, files, idempotency_key))
         )
 
-    def queue_submit(self, pipe: Pipeline, job_id: str, spec: JobSpec, upload: str, batch: str) -> None:
+    def queue_submit(
+        self, pipe: Pipeline, job_id: str, spec: JobSpec, upload: str, files: dict[str, str], batch: str
+    ) -> None:
         """Queue a submit on a pipeline run by :meth:`pipeline`, as one of the jobs of ``batch`` (if
         not empty: when the job ends its id is pushed on the batch's list, see :meth:`ended`). Read
         its reply with :func:`submitted`."""
         extra = {"gl_batch": batch} if batch else {}
-        self._scripts.queue(pipe, "submit", *self._submit_call(job_id, spec, upload, None, **extra))
+        self._scripts.queue(pipe, "submit", *self._submit_call(job_id, spec, upload, files, None, **extra))
 
     def pipeline(self, build: Callable[[Pipeline], object]) -> list[Any]:
         """Many submits (and the uploads that go with them) in one round trip: see
@@ -67,7 +78,13 @@ class JobStore:
         return self._scripts.pipeline(build)
 
     def _submit_call(
-        self, job_id: str, spec: JobSpec, upload: str, idempotency_key: str | None, **extra: str
+        self,
+        job_id: str,
+        spec: JobSpec,
+        upload: str,
+        files: dict[str, str],
+        idempotency_key: str | None,
+        **extra: str,
     ) -> tuple[list[str], list[object]]:
         queue = spec.queue
         queue_name = self._keys.queue_for(queue)
@@ -76,6 +93,8 @@ class JobStore:
         if self._dumped[0] is not spec:  # a batch submits one spec many times: dumped once
             self._dumped = (spec, spec.model_dump_json(exclude_defaults=True))
         fields["gl_spec"] = self._dumped[1]
+        # What a worker checks before it runs anything: this spec, under this id, with these files.
+        fields["gl_seal"] = seal_job(self._keyring.signer(), job_id, self._dumped[1], files)
         fields["gl_attempt"] = 0
         # What the scripts need to decide on a retry, without parsing the spec.
         fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)

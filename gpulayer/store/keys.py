@@ -48,12 +48,13 @@ class Keys:
         #: The name of the worker placing gang jobs now (with a short TTL): one at a time, so a big
         #: fleet does not read every worker's record once per worker.
         self.gangs_placing = f"{prefix}:gangs:placing"
+        #: Where the keys of API tokens and browser sessions live: apart from the rest (``#`` is never
+        #: in a prefix), so Redis's users can give them to the HTTP server and the admin only.
+        self.auth = f"{prefix}#auth:"
         #: Hash of API token names → the SHA-256 of each token (its record's key).
-        self.tokens = f"{prefix}:tokens"
+        self.tokens = f"{self.auth}tokens"
         #: Channel a token's name is published on when it is revoked (open websockets close).
-        self.tokens_revoked = f"{prefix}:tokens:revoked"
-        #: The key the web server signs browser sessions with (random, made once).
-        self.web_secret = f"{prefix}:web:secret"
+        self.tokens_revoked = f"{self.auth}tokens:revoked"
         #: Channel every job's state change, worker arrival and departure, and worker telemetry sample
         #: is published on (JSON), for the dashboard's live view (``/ws/events``).
         self.events = f"{prefix}:events"
@@ -199,11 +200,16 @@ class Keys:
 
     def login_failures(self, client: str) -> str:
         """Failed logins from one address in the current window (a counter with a TTL)."""
-        return f"{self.prefix}:login-failures:{client}"
+        return f"{self.auth}login-failures:{client}"
 
     def token(self, digest: str) -> str:
         """An API token's record (name, role, times), by the token's SHA-256; it expires with the token."""
-        return f"{self.prefix}:token:{digest}"
+        return f"{self.auth}token:{digest}"
+
+    def session(self, digest: str) -> str:
+        """A browser session's record (its token's SHA-256, its CSRF token), by the SHA-256 of the
+        session's cookie; it expires with the session. Redis never holds the cookie itself."""
+        return f"{self.auth}session:{digest}"
 
     def idempotency(self, key: str) -> str:
         """Hashed, so any key a user picks makes a short, safe Redis key."""

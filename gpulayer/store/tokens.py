@@ -3,6 +3,10 @@
 A token's record lives under the hash of the token, with a TTL when it expires, so checking one is
 one read and an expired or revoked token is simply not found. A name index lets people list and
 revoke them by name; revoking publishes the name, so open websockets of that token close at once.
+
+A browser session is a random cookie whose record Redis keeps under the cookie's SHA-256: the
+token's SHA-256 and the session's CSRF token. Redis holds neither the cookie nor anything a cookie
+could be made from, so a copy of Redis (its append-only file, a backup) opens no session.
 """
 
 from __future__ import annotations
@@ -10,9 +14,11 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import cast
 
+from pydantic import BaseModel, ConfigDict
 from redis import Redis
 from redis.client import Pipeline
 
@@ -24,10 +30,35 @@ from .keys import Keys
 TOKEN_PREFIX = "glt_"
 #: The longest a token may be made to last (s): ten years; or it may never expire.
 MAX_LIFETIME = 10 * 365 * 86400
+#: The longest a browser session lasts (s): a working day, so a cookie left in a browser goes stale
+#: even while its token lives on; never past the token's own expiry.
+SESSION_LIFETIME = 12 * 3600
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+class BrowserSession(BaseModel):
+    """What Redis keeps of a browser session, under the SHA-256 of its cookie."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The SHA-256 of the session's token: checked again at every request, so revoking ends it.
+    token: str
+    #: What every change made through the session must carry.
+    csrf_token: str
+
+
+@dataclass(frozen=True)
+class OpenedSession:
+    """A new session: the cookie (given to the browser once, never stored), its record and token."""
+
+    cookie: str
+    record: BrowserSession
+    token: TokenInfo
+    #: How long it lasts (whole seconds, at least 1): the cookie's Max-Age.
+    lifetime: int
 
 
 class TokenStore:
@@ -114,8 +145,28 @@ class TokenStore:
     def login_failures(self, client: str) -> int:
         return int(cast(bytes | None, self._redis.get(self._keys.login_failures(client))) or 0)
 
-    def session_key(self) -> bytes:
-        """The key browser sessions are signed with, shared by every server process of the
-        installation (made by the first)."""
-        self._redis.set(self._keys.web_secret, secrets.token_hex(32), nx=True)
-        return cast(bytes, self._redis.get(self._keys.web_secret))
+    def open_session(self, token: str, lifetime: float = SESSION_LIFETIME) -> OpenedSession | None:
+        """A session for ``token``, for ``lifetime`` seconds or until the token expires, whichever
+        comes first; None if the token does not work."""
+        info = self.check(token)
+        if info is None:
+            return None
+        if info.expires_at is not None:
+            lifetime = min(lifetime, (info.expires_at - datetime.now(timezone.utc)).total_seconds())
+        if lifetime <= 0:
+            return None
+        cookie = secrets.token_urlsafe(32)
+        record = BrowserSession(token=token_hash(token), csrf_token=secrets.token_urlsafe(32))
+        ttl = math.ceil(lifetime * 1000)
+        self._redis.set(self._keys.session(token_hash(cookie)), record.model_dump_json(), px=ttl)
+        return OpenedSession(cookie, record, info, max(1, math.ceil(ttl / 1000)))
+
+    def session(self, cookie: str) -> BrowserSession | None:
+        """The record of the session ``cookie`` stands for, until it is closed or its lifetime ends
+        (whether its token still works is the caller's to check: :meth:`check_digest`)."""
+        raw = self._redis.get(self._keys.session(token_hash(cookie)))
+        return BrowserSession.model_validate_json(cast(bytes, raw)) if raw is not None else None
+
+    def close_session(self, cookie: str) -> bool:
+        """End the session at once, whoever holds a copy of its cookie; False if it had ended."""
+        return bool(self._redis.delete(self._keys.session(token_hash(cookie))))

@@ -3,33 +3,40 @@
 from __future__ import annotations
 
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from ..client import Client
 from . import errors, sockets
 from .api import api
 from .dashboard import dashboard
 from .hub import Hub
-from .login import login
+from .login import SECURE_COOKIES, login
 from .metrics import metrics
 from .openapi import openapi
 
 
-def create_app(client: Client | None = None) -> Flask:
+def create_app(
+    client: Client | None = None, *, behind_proxy: bool = False, secure_cookies: bool = False
+) -> Flask:
     """The app, over ``client`` (default: a :class:`Client` with the default connection). Its hub's
-    threads start with the first websocket."""
+    threads start with the first websocket.
+
+    ``behind_proxy``: every request comes through one trusted proxy (which terminates TLS), so the
+    client's address, scheme and host are the ones that proxy's ``X-Forwarded-*`` headers name, and
+    cookies are Secure. Without it those headers are ignored: a client could send any address in
+    them and so dodge the limit on failed logins. ``secure_cookies``: served over TLS."""
     app = Flask("gpulayer.web", static_folder=None)  # the dashboard serves /static itself
     app.json.sort_keys = False  # type: ignore[attr-defined]  # fields in the models' order
     connected = client or Client()
     app.extensions["gpulayer.client"] = connected
     app.extensions["gpulayer.hub"] = Hub(connected)
     app.config.update(
-        SECRET_KEY=connected.session_key(),
-        SESSION_COOKIE_HTTPONLY=True,
-        SESSION_COOKIE_SAMESITE="Strict",
-        SESSION_COOKIE_NAME="gpulayer_session",
+        {SECURE_COOKIES: secure_cookies or behind_proxy},
         # Uploads (a job's source and inputs) past the job's own limit are refused before they are read.
         MAX_CONTENT_LENGTH=connected.settings.max_job_bytes + 1024 * 1024,
     )
+    if behind_proxy:
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=1, x_proto=1, x_host=1)  # type: ignore[method-assign]
     app.register_blueprint(dashboard)
     app.register_blueprint(login)
     app.register_blueprint(api)

@@ -1,5 +1,6 @@
 """Who may call what: every route names the least role it needs, and a request proves its role with
-``Authorization: Bearer TOKEN`` (an API token, see ``gpulayer token create``)."""
+``Authorization: Bearer TOKEN`` (an API token, see ``gpulayer token create``), or with the cookie of
+a browser session opened at ``/login``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import hmac
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flask import current_app, g, request, session
+from flask import current_app, g, request
 
 from ..client import Client
 from ..models import Role, TokenInfo
+from ..store.tokens import BrowserSession
 from .errors import ApiError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -19,6 +21,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 _LADDER: tuple[Role, ...] = ("viewer", "submitter", "admin")
 #: The attribute a view's least role is kept in (read by the test that checks every route).
 ROLE_ATTRIBUTE = "gpulayer_role"
+#: The browser session's cookie: a random id; Redis keeps only its hash.
+SESSION_COOKIE = "gpulayer_session"
+#: Methods that change nothing, so a session's request needs no CSRF token for them.
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 def client() -> Client:
@@ -55,17 +61,12 @@ def requires(role: Role) -> Callable[[F], F]:
 
 
 def authenticate() -> TokenInfo:
-    """The request's token: ``Authorization: Bearer TOKEN``, or a browser session from ``/login``
+    """The request's token: ``Authorization: Bearer TOKEN``, or else a browser session's cookie
     (whose changes must also carry the session's CSRF token)."""
     header = request.headers.get("Authorization", "")
-    if not header and "token" in session:
-        info = client().check_token_digest(session["token"])
-        if info is None:
-            session.clear()
-            raise ApiError(401, "the session's token is revoked or expired; log in again")
-        if request.method not in ("GET", "HEAD", "OPTIONS") and not _csrf_ok():
-            raise ApiError(403, "missing or wrong CSRF token (X-CSRF-Token header or csrf_token field)")
-        return info
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if not header and cookie:
+        return _from_session(cookie)
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "send an API token: Authorization: Bearer TOKEN")
@@ -75,6 +76,30 @@ def authenticate() -> TokenInfo:
     return info
 
 
-def _csrf_ok() -> bool:
+def _from_session(cookie: str) -> TokenInfo:
+    """The token behind a session, checked again now: a session lives no longer than its token."""
+    found = client().session(cookie)
+    if found is None:
+        g.forget_session = True
+        raise ApiError(401, "the session has ended (logged out or too old); log in again")
+    info = client().check_token_digest(found.token)
+    if info is None:
+        client().close_session(cookie)
+        g.forget_session = True
+        raise ApiError(401, "the session's token is revoked or expired; log in again")
+    if request.method not in _SAFE_METHODS and not _csrf_ok(found):
+        raise ApiError(403, "missing or wrong CSRF token (X-CSRF-Token header or csrf_token field)")
+    g.browser_session = found
+    g.session_cookie = cookie
+    return info
+
+
+def session() -> BrowserSession | None:
+    """The browser session this request came through, once authenticated; None for a bearer token."""
+    found: BrowserSession | None = g.get("browser_session")
+    return found
+
+
+def _csrf_ok(found: BrowserSession) -> bool:
     sent = request.headers.get("X-CSRF-Token") or request.form.get("csrf_token") or ""
-    return bool(sent) and hmac.compare_digest(sent, session.get("csrf", ""))
+    return bool(sent) and hmac.compare_digest(sent.encode(), found.csrf_token.encode())

@@ -1,15 +1,18 @@
 """Browser sessions: ``POST /login`` takes an API token and answers a session cookie (HttpOnly,
-SameSite=Strict) that stands for it — revoking the token ends the session too — and a CSRF token
-that every change made through the session must carry. Failed logins are limited per address."""
+SameSite=Strict) and a CSRF token that every change made through the session must carry.
+
+The cookie is a random id. Redis keeps only its SHA-256, naming the session's record (the token's
+SHA-256, the CSRF token) with a TTL, so nothing in Redis, nor any key kept there, makes a cookie.
+A session ends at ``/logout``, when its token is revoked or expires, or after
+:data:`~gpulayer.store.tokens.SESSION_LIFETIME`, whichever comes first; it ends on the server, so
+a copy of the cookie stops working too. Failed logins are limited per client address.
+"""
 
 from __future__ import annotations
 
-import secrets
+from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from flask import Blueprint, Response, g, jsonify, request, session
-
-from ..store.tokens import token_hash
-from .auth import client, requires
+from .auth import SESSION_COOKIE, client, requires, session
 from .errors import ApiError
 
 login = Blueprint("login", __name__)
@@ -17,6 +20,8 @@ login = Blueprint("login", __name__)
 MAX_FAILURES = 10
 #: The window (s).
 FAILURE_WINDOW = 300
+#: The app's setting that makes the cookie Secure (served over TLS, or behind a proxy that is).
+SECURE_COOKIES = "GPULAYER_SECURE_COOKIES"
 
 
 @login.post("/login")
@@ -25,16 +30,29 @@ def log_in() -> Response:
     address = request.remote_addr or "unknown"
     if client().failed_logins(address) >= MAX_FAILURES:
         raise ApiError(429, f"too many failed logins from {address}; wait a few minutes")
-    data = request.get_json(silent=True)
-    token = (data.get("token") if isinstance(data, dict) else None) or request.form.get("token") or ""
-    info = client().check_token(str(token)) if token else None
-    if info is None:
+    token = _sent_token()
+    opened = client().open_session(token) if token else None
+    if opened is None:
         client().record_failed_login(address, FAILURE_WINDOW)
         raise ApiError(401, "the token is unknown, revoked or expired")
-    session.clear()
-    session["token"] = token_hash(str(token))
-    session["csrf"] = secrets.token_urlsafe(32)
-    return jsonify(name=info.name, role=info.role, csrf_token=session["csrf"])
+    _close_sent_session()  # a browser holds one session: the one it had ends now, not in 12 h
+    answer = jsonify(name=opened.token.name, role=opened.token.role, csrf_token=opened.record.csrf_token)
+    answer.set_cookie(
+        SESSION_COOKIE,
+        opened.cookie,
+        max_age=opened.lifetime,
+        path="/",
+        secure=_secure(),
+        httponly=True,
+        samesite="Strict",
+    )
+    return answer
+
+
+def _sent_token() -> str:
+    data = request.get_json(silent=True)
+    token = (data.get("token") if isinstance(data, dict) else None) or request.form.get("token") or ""
+    return str(token)
 
 
 @login.get("/api/v1/session")
@@ -42,10 +60,41 @@ def log_in() -> Response:
 def current() -> Response:
     """Who the request is: its token's name and role, and the session's CSRF token (none for a
     request that sent its token itself). The dashboard asks this when it opens."""
-    return jsonify(name=g.token.name, role=g.token.role, csrf_token=session.get("csrf"))
+    found = session()
+    return jsonify(
+        name=g.token.name, role=g.token.role, csrf_token=found.csrf_token if found is not None else None
+    )
 
 
 @login.post("/logout")
 def log_out() -> Response:
-    session.clear()
-    return jsonify(logged_out=True)
+    """End the request's session on the server (a saved copy of its cookie is refused from now on)
+    and clear the cookie."""
+    _close_sent_session()
+    answer = jsonify(logged_out=True)
+    _forget(answer)
+    return answer
+
+
+def _close_sent_session() -> None:
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie:
+        client().close_session(cookie)
+
+
+@login.after_app_request
+def _forget_ended(answer: Response) -> Response:
+    """A request whose session had ended (found so by :func:`.auth.authenticate`) also clears the
+    browser's stale cookie."""
+    if g.get("forget_session"):
+        _forget(answer)
+    return answer
+
+
+def _forget(answer: Response) -> None:
+    answer.delete_cookie(SESSION_COOKIE, path="/", secure=_secure(), httponly=True, samesite="Strict")
+
+
+def _secure() -> bool:
+    """Secure when the app is told so, or when this request came over HTTPS anyway."""
+    return bool(current_app.config.get(SECURE_COOKIES)) or request.is_secure

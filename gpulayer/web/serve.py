@@ -3,6 +3,7 @@ a thread each), not Flask's development server."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from flask import Flask
@@ -26,9 +27,12 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]
         return self._app
 
 
-def serve(app: Flask, host: str, port: int, threads: int = THREADS) -> None:
-    """Serve ``app`` on ``host:port`` until SIGTERM or Ctrl+C."""
-    options = {
+def serve(
+    app: Flask, host: str, port: int, threads: int = THREADS, *, tls: tuple[Path, Path] | None = None
+) -> None:
+    """Serve ``app`` on ``host:port`` until SIGTERM or Ctrl+C; over HTTPS with ``tls``, a
+    certificate (PEM, with its chain) and its key."""
+    options: dict[str, Any] = {
         "bind": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
         "workers": 1,
         "worker_class": "gthread",
@@ -40,4 +44,6 @@ def serve(app: Flask, host: str, port: int, threads: int = THREADS) -> None:
         "errorlog": "-",
         "loglevel": "warning",
     }
+    if tls is not None:
+        options["certfile"], options["keyfile"] = (str(path) for path in tls)
     _Gunicorn(app, options).run()

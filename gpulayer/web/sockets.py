@@ -1,19 +1,24 @@
 """Websockets: ``/ws/jobs/<id>/logs`` sends a job's log lines, those stored first, then each new one
 as it is printed, until the job ends; ``/ws/events`` sends every job's state changes, workers joining
 and leaving, and each worker's telemetry samples. The token and the request's Origin are checked
-before a connection is upgraded; revoking the token closes it."""
+before a connection is upgraded. A socket closes (1008) when its token is revoked, when its token
+expires, and when the browser session it was opened through ends: it was let in once, and must not
+outlive what let it in."""
 
 from __future__ import annotations
 
 import json
 import queue
+import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, current_app, g, request
 from flask_sock import Sock
 
+from ..models import TokenInfo
 from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client
 from .errors import ApiError
 from .hub import Hub, Watcher
@@ -62,7 +67,7 @@ def job_logs(ws: Any, job_id: str) -> None:
             ws.send(json.dumps({"id": line_id, **line.model_dump(mode="json")}))
         return True
 
-    _pump(ws, hub().watch(job_id, g.token.name, request.args.get("after", "0-0")), send)
+    _pump(ws, hub().watch(job_id, g.token.name, request.args.get("after", "0-0")), send, _still_let_in())
 
 
 @sock.route("/events", bp=sockets)  # type: ignore[untyped-decorator]
@@ -74,26 +79,52 @@ def events(ws: Any) -> None:
         ws.send(value)
         return True
 
-    _pump(ws, hub().listen(g.token.name), send)
+    _pump(ws, hub().listen(g.token.name), send, _still_let_in())
 
 
-def _pump(ws: Any, watcher: Watcher, send: Callable[[str, Any], bool]) -> None:
-    """Hand what the hub gives ``watcher`` to ``send`` until it says stop, the client goes, or the
-    token is revoked."""
+def _pump(
+    ws: Any, watcher: Watcher, send: Callable[[str, Any], bool], ended: Callable[[], str | None]
+) -> None:
+    """Hand what the hub gives ``watcher`` to ``send`` until it says stop, the client goes, the
+    token is revoked, or ``ended`` (asked about once per ``_IDLE``, however busy the socket) gives a
+    reason to close."""
+    next_check = 0.0
     try:
         while True:
             try:
                 kind, value = watcher.inbox.get(timeout=_IDLE)
             except queue.Empty:
                 ws.receive(timeout=0)  # raises once the client has gone
-                continue
+                kind, value = "idle", None
             if kind == "revoked":
                 ws.close(reason=1008, message="token revoked")
                 return
-            if not send(kind, value):
+            if time.monotonic() >= next_check:
+                reason = ended()
+                if reason is not None:
+                    ws.close(reason=1008, message=reason)
+                    return
+                next_check = time.monotonic() + _IDLE
+            if kind != "idle" and not send(kind, value):
                 return
     finally:
         hub().leave(watcher)
+
+
+def _still_let_in() -> Callable[[], str | None]:
+    """For :func:`_pump`: why this request's socket must close now (its token expired, or the
+    session it came through ended), or None while it may stay open."""
+    token: TokenInfo = g.token
+    cookie: str | None = g.get("session_cookie")
+
+    def ended() -> str | None:
+        if token.expires_at is not None and token.expires_at <= datetime.now(timezone.utc):
+            return "token expired"
+        if cookie is not None and client().session(cookie) is None:
+            return "session ended"
+        return None
+
+    return ended
 
 
 def install(app: Flask) -> None:

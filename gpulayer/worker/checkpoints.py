@@ -12,6 +12,7 @@ and restored on node 0. The job's checkpoint is deleted when the job ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -44,6 +45,7 @@ class CheckpointKeeper:
         interval: float,
         max_bytes: int,
         say: Callable[[str], None],
+        reading: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
     ) -> None:
         self.folder = folder
         self._claim = claim
@@ -52,6 +54,8 @@ class CheckpointKeeper:
         self._interval = interval
         self._max_bytes = max_bytes
         self._say = say
+        #: How the folder, the job's own, is read: with the job's user's permissions.
+        self._reading = reading
         self._kept: Signature = ()
         self._next = time.monotonic() + interval
         self._too_large = False
@@ -60,9 +64,10 @@ class CheckpointKeeper:
         """Fill the folder with the checkpoint an earlier attempt kept, if there is one."""
         with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
             try:
-                size = self._artifacts.get_checkpoint(self._claim.target, archive)
+                self._artifacts.get_checkpoint(self._claim.target, archive)
             except MissingArtifact:
                 return
+            size = archive.tell()
             archive.seek(0)
             extract(archive, self.folder)
         self._kept = self._signature()
@@ -74,11 +79,11 @@ class CheckpointKeeper:
         if not now and time.monotonic() < self._next:
             return
         self._next = time.monotonic() + self._interval
-        signature = self._signature()
-        if not signature or signature == self._kept:
-            return
         try:
-            self._keep(signature)
+            with self._reading():
+                signature = self._signature()
+                if signature and signature != self._kept:
+                    self._keep(signature)
         except (OSError, redis.exceptions.RedisError) as exc:
             log.warning("job %s: could not keep its checkpoint folder: %s", self._claim.target, exc)
 

@@ -6,9 +6,10 @@ function may use CUDA whatever ran in the worker before. It runs in the code bun
 comes first on ``sys.path``. Requests and replies travel on two pipes the worker passes in; what the
 function prints goes to the executor's stdout and stderr, which the worker reads into the job's log.
 
-A request is a JSON header ``{"env"}`` and the signed call; a reply a JSON header ``{"ok": bool,
-"error": "Type: message", "children": bool}`` and the signed result, or the signed report of the
-exception (:func:`report`).
+A request is a JSON header ``{"env"}`` and the call, whose digest the worker has found in the job's
+signature; a reply a JSON header ``{"ok": bool, "error": "Type: message", "children": bool}`` and the
+pickled result, or the pickled report of the exception (:func:`report`), which the worker signs for
+the job and attempt. The executor holds no key and no credential: nothing a call does can sign.
 """
 
 from __future__ import annotations
@@ -23,11 +24,8 @@ from typing import Any
 
 import cloudpickle
 
-from ..payloads import pack, unpack
-from ..signing import Signer
+from ..payloads import dumps
 
-#: The variable the worker passes the installation's secret in; removed before any call runs.
-SECRET_VARIABLE = "GPULAYER_EXECUTOR_SECRET"
 #: Functions unpickled so far, by their pickle; forgotten all at once past this many.
 _FUNCTIONS: dict[bytes, Any] = {}
 _FUNCTIONS_KEPT = 32
@@ -36,7 +34,6 @@ _FUNCTIONS_KEPT = 32
 def main(argv: list[str]) -> None:
     requests = Connection(int(argv[1]), writable=False)
     replies = Connection(int(argv[2]), readable=False)
-    signer = Signer(os.environ.pop(SECRET_VARIABLE).encode())
     # The project (the bundle, this process's folder) imports first, as it does where it was written.
     sys.path.insert(0, os.getcwd())
     while True:
@@ -45,22 +42,22 @@ def main(argv: list[str]) -> None:
             payload = requests.recv_bytes()
         except EOFError:
             return
-        reply, blob = run(header, payload, signer)
+        reply, blob = run(header, payload)
         replies.send_bytes(json.dumps(reply).encode())
         replies.send_bytes(blob)
 
 
-def run(header: dict[str, Any], payload: bytes, signer: Signer) -> tuple[dict[str, Any], bytes]:
+def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
     """Run one call with the job's environment, which is put back after."""
     environment = dict(os.environ)
     os.environ.update(header["env"])
     reply: dict[str, Any]
     try:
-        pickled, args, kwargs = unpack(payload, signer)
-        reply, blob = {"ok": True}, pack(_function(pickled)(*args, **kwargs), signer)
+        pickled, args, kwargs = pickle.loads(payload)  # the worker checked its digest against the signature
+        reply, blob = {"ok": True}, dumps(_function(pickled)(*args, **kwargs))
     except BaseException as exc:  # whatever the call raised, SystemExit included, is its result
         traceback.print_exc()
-        reply, blob = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, pack(report(exc), signer)
+        reply, blob = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, dumps(report(exc))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

@@ -17,7 +17,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .executor import SECRET_VARIABLE
 from .process import JobProcesses, descendants, signal_tree
 
 #: How an executor starts: a fresh interpreter that imports the executor's module and runs it.
@@ -100,9 +99,8 @@ class Executor:
 class ExecutorPool:
     """Idle executors by key. ``acquire`` takes a warm one or starts one; ``release`` keeps it or not."""
 
-    def __init__(self, processes: JobProcesses, secret: bytes, limit: int) -> None:
+    def __init__(self, processes: JobProcesses, limit: int) -> None:
         self._processes = processes
-        self._secret = secret.decode()
         self._limit = limit
         self._lock = threading.Lock()
         self._idle: list[Executor] = []
@@ -126,9 +124,7 @@ class ExecutorPool:
 
     def start(self, key: Key, env: Mapping[str, str], cwd: Path) -> Executor:
         """A new executor for ``key``, started in ``cwd`` with ``env``."""
-        return Executor(
-            self._processes, key, {**env, SECRET_VARIABLE: self._secret, "PYTHONUNBUFFERED": "1"}, cwd
-        )
+        return Executor(self._processes, key, {**env, "PYTHONUNBUFFERED": "1"}, cwd)
 
     def release(self, executor: Executor, *, keep: bool) -> None:
         """Keep ``executor`` warm for the next job of its key, or stop it; the longest idle go when

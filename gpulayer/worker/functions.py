@@ -1,5 +1,5 @@
-"""What a worker needs for function jobs: the installation's secret, the code bundles unpacked on this
-machine, and its warm executors."""
+"""What a worker needs for function jobs: the key it signs their results with, the code bundles
+unpacked on this machine, and its warm executors."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 from ..archive import extract
+from ..bundles import archive_digest
+from ..errors import UntrustedPayload
+from ..signing import SigningKey
 from ..store.artifacts import BUNDLE_TTL, ArtifactStore
 from .executors import ExecutorPool
 
@@ -58,7 +61,12 @@ class CodeBundles:
             with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
                 self._artifacts.get_bundle(digest, archive)
                 archive.seek(0)
+                # Its name is in the job's signature: only what the submitter shipped is unpacked.
+                if archive_digest(archive) != digest:
+                    raise UntrustedPayload("the code bundle is not the one the job was signed with")
+                archive.seek(0)
                 extract(archive, aside)
+            _readable(aside)
             # Never empty, so another worker's rename cannot replace it under a running call (a
             # rename onto an empty folder succeeds; onto a full one it fails).
             (aside / BUNDLE_MARKER).write_text(digest + "\n")
@@ -82,10 +90,21 @@ class CodeBundles:
         return removed
 
 
+def _readable(folder: Path) -> None:
+    """Readable by every user, writable by the worker's only: jobs that run as another user import
+    from it, and none may change what the next job imports."""
+    for dirpath, _, filenames in os.walk(folder):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, (os.lstat(path).st_mode & 0o755) | 0o444)
+
+
 @dataclasses.dataclass(frozen=True)
 class FunctionRuntime:
-    """A worker's means to run function jobs; it has none without the installation's secret."""
+    """A worker's means to run function jobs; it has none without the key to sign their results."""
 
-    secret: bytes
+    result_key: SigningKey
     bundles: CodeBundles
     executors: ExecutorPool

@@ -14,7 +14,6 @@ from ..payloads import CALL
 from ..server import free_port
 from ..store.execution import Part
 from . import ranks
-from .executor import SECRET_VARIABLE
 from .output import Tracked
 from .process import signal_tree
 from .runner import Ending, JobRunner, spawn_failure
@@ -65,9 +64,8 @@ class PartRunner(JobRunner):
             prepared = self._prepare_call(call)
             if isinstance(prepared, Ending):
                 return prepared
-            cwd, secret = prepared
+            cwd = prepared
             command = ranks.call_command(self._workdir)
-            env = {**env, SECRET_VARIABLE: secret}
         gang, node = self._gang, self._part.node
         first = node * gang.procs_per_node
         if gang.launcher == "torchrun":
@@ -132,26 +130,27 @@ class PartRunner(JobRunner):
             pause = min(pause * 2, 0.1)
         return ""
 
-    def _prepare_call(self, call: bytes) -> tuple[Path, str] | Ending:
-        """For ranks that call a function: the call checked and written where they read it; the
-        folder they run in and the secret they sign their results with. Or how the job ends."""
+    def _prepare_call(self, call: bytes) -> Path | Ending:
+        """For ranks that call a function: the call written where they read it, and the folder they
+        run in. Or how the job ends."""
         function = self.spec.function
         assert function is not None
-        functions = self._verified(call)
+        functions = self._runtime()
         if isinstance(functions, Ending):
             return functions
-        (self._workdir / CALL).write_bytes(call)
-        return self._persist(functions.bundles.folder, function.bundle), functions.secret.decode()
+        with self._processes.reading():  # into the job's folder, which its user could fill with links
+            (self._workdir / CALL).write_bytes(call)
+        return self._persist(functions.bundles.folder, function.bundle)
 
     def _call_result(self, ending: Ending) -> Ending:
         """A function's gang job ends with rank 0's value (stored by node 0), or with the exception
         of the rank that failed here."""
-        if ending.state is JobState.SUCCEEDED:
-            found = ranks.call_result(self._workdir, 0) if self._part.node == 0 else None
-        elif ending.state is JobState.FAILED:
-            found = ranks.call_result(self._workdir, self._failed[0] if self._failed else None)
-        else:
-            found = None
+        found = None
+        with self._processes.reading():  # the ranks wrote them, as the job's user
+            if ending.state is JobState.SUCCEEDED and self._part.node == 0:
+                found = ranks.call_result(self._workdir, 0)
+            elif ending.state is JobState.FAILED:
+                found = ranks.call_result(self._workdir, self._failed[0] if self._failed else None)
         if found is None:
             return ending
         reply = self._reply_ending(*found)

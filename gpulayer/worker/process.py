@@ -11,11 +11,24 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
+from .identity import RunAs
+
 #: Every process of a job has this in its environment (the job's id): how its strays are recognised.
 JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
+#: What a job's processes never inherit from the worker's environment: GPUlayer's own variables (the
+#: Redis URL and its password, an access token, the home with the worker's keys) and Redis's.
+_KEPT_FROM_JOBS = ("GPULAYER_", "REDISCLI_AUTH")
+
+
+def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment as its jobs get it: without any credential of the worker's."""
+    return {name: value for name, value in environ.items() if not name.startswith(_KEPT_FROM_JOBS)}
+
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -29,10 +42,12 @@ def spawn(
     env: Mapping[str, str],
     pass_fds: Sequence[int] = (),
     die_with_worker: bool = False,
+    options: Mapping[str, Any] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``command`` (no shell) as the leader of a new session, so its whole tree can be signalled.
     ``die_with_worker``: SIGKILL it if the worker dies (Linux), as a gang job's ranks must not run on
-    unsupervised. Only for those: it costs the fast way of starting a process."""
+    unsupervised. Only for those: it costs the fast way of starting a process. ``options``: more of
+    Popen's (the user to run as)."""
     return subprocess.Popen(
         list(command),
         cwd=cwd,
@@ -44,6 +59,7 @@ def spawn(
         pass_fds=pass_fds,
         # Safe with threads here: the child makes one system call and takes no lock before exec.
         preexec_fn=_die_with_parent if die_with_worker and _libc is not None else None,  # noqa: PLW1509
+        **(options or {}),
     )
 
 
@@ -113,11 +129,15 @@ def become_subreaper() -> bool:
 class JobProcesses:
     """A worker's job processes: the leaders it started and has not reaped yet, and the strays jobs
     leave behind. One lock orders spawning, reaping and stray hunting, so a leader is never
-    mistaken for a stray."""
+    mistaken for a stray. With ``run_as``, every one of them runs as that user, with ``home`` as its
+    HOME."""
 
-    def __init__(self) -> None:
+    def __init__(self, run_as: RunAs | None = None, home: Path | None = None) -> None:
         self._lock = threading.Lock()
         self._leaders: set[int] = set()
+        self.run_as = run_as
+        self._options = run_as.popen_options() if run_as else {}
+        self._identity = run_as.environment(home) if run_as and home else {}
 
     def spawn(
         self,
@@ -127,10 +147,20 @@ class JobProcesses:
         pass_fds: Sequence[int] = (),
         die_with_worker: bool = False,
     ) -> subprocess.Popen[bytes]:
+        env = {**env, **self._identity}
         with self._lock:
-            process = spawn(command, cwd, env, pass_fds, die_with_worker)
+            process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options)
             self._leaders.add(process.pid)
         return process
+
+    def reading(self) -> contextlib.AbstractContextManager[None]:
+        """Reading (and writing) a job's own files with its user's permissions, in this thread."""
+        return self.run_as.reading() if self.run_as else contextlib.nullcontext()
+
+    def hand_over(self, path: Path) -> None:
+        """Make what the worker put in a job's folder the job's user's."""
+        if self.run_as:
+            self.run_as.own(path)
 
     def reap(self, process: subprocess.Popen[bytes]) -> int:
         returncode = process.wait()

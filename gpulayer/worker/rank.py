@@ -3,7 +3,7 @@
 The worker starts it as it starts any rank (with torchrun's environment, or through torchrun), in
 the code bundle's folder. It runs the call as an executor does (:func:`executor.run`); rank 0
 writes what it returned, and a rank whose call raised writes its exception, to
-``FOLDER/<rank>.result`` (a JSON header line, then the signed pickle), for the worker to store as
+``FOLDER/<rank>.result`` (a JSON header line, then the pickle), for the worker to sign and store as
 the job's result. It exits 1 if the call raised, and without the interpreter's teardown.
 """
 
@@ -14,16 +14,14 @@ import os
 import sys
 from pathlib import Path
 
-from ..signing import Signer
-from .executor import SECRET_VARIABLE, run
+from .executor import run
 from .ranks import RESULT_SUFFIX
 
 
 def main(argv: list[str]) -> None:
-    signer = Signer(os.environ.pop(SECRET_VARIABLE).encode())
     # The project (the bundle, this process's folder) imports first, as it does where it was written.
     sys.path.insert(0, os.getcwd())
-    reply, blob = run({"env": {}}, Path(argv[1]).read_bytes(), signer)
+    reply, blob = run({"env": {}}, Path(argv[1]).read_bytes())
     rank = os.environ.get("RANK", "0")
     if rank == "0" or not reply["ok"]:
         Path(argv[2], rank + RESULT_SUFFIX).write_bytes(json.dumps(reply).encode() + b"\n" + blob)

@@ -83,7 +83,7 @@ def call_command(folder: Path) -> list[str]:
 
 
 def call_result(folder: Path, rank: int | None) -> tuple[dict[str, Any], bytes] | None:
-    """The reply header and signed payload ``rank`` left (rank 0's value, or a rank's exception);
+    """The reply header and pickled payload ``rank`` left (rank 0's value, or a rank's exception);
     with ``rank`` None, the first exception any rank here left. None if there is none."""
     paths = (
         [folder / f"{rank}{RESULT_SUFFIX}"] if rank is not None else sorted(folder.glob(f"*{RESULT_SUFFIX}"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import io
 import logging
 import os
@@ -29,7 +30,7 @@ from ..errors import ArchiveError, ArtifactTooLarge, UntrustedPayload
 from ..models import CHECKPOINT_VARIABLE, JobSpec, JobState, OutputSummary
 from ..payloads import CALL, ERROR, RESULT
 from ..settings import Settings
-from ..signing import Signer
+from ..signing import check_file, sign_result
 from ..store.artifacts import (
     INPUTS_ARCHIVE,
     OUTPUTS_ARCHIVE,
@@ -82,8 +83,8 @@ class Ending:
     exit_code: int | None = None
     reason: str | None = None
     outputs: OutputSummary | None = None
-    #: A function's result or exception (its name in the outputs, and its signed pickle), stored
-    #: with the end in one round trip.
+    #: A function's result or exception (its name in the outputs, and its pickle, which is signed for
+    #: the job and attempt as it is stored), stored with the end in one round trip.
     result: tuple[str, bytes] | None = None
     #: A part of a gang job that could not start its ranks: the gang job goes back to wait.
     unstarted: bool = False
@@ -99,7 +100,7 @@ class Context:
     processes: JobProcesses
     #: Seconds a job's lease holds without renewal: how long a runner keeps retrying Redis.
     lease_ttl: float
-    #: None on a worker without the installation's secret: it cannot run function jobs.
+    #: None on a worker without the key to sign results: it cannot run function jobs.
     functions: FunctionRuntime | None = None
     #: Where other machines reach this one: rank 0 of a gang job listens there.
     address: str = "127.0.0.1"
@@ -107,10 +108,18 @@ class Context:
 
 class JobRunner:
     def __init__(
-        self, claim: Claim, spec: JobSpec, context: Context, workdir: Path, base_env: Mapping[str, str]
+        self,
+        claim: Claim,
+        spec: JobSpec,
+        files: Mapping[str, str],
+        context: Context,
+        workdir: Path,
+        base_env: Mapping[str, str],
     ) -> None:
         self.claim = claim
         self.spec = spec
+        #: The SHA-256 of each file the job's signature covers, by name: what its files must be.
+        self._files = files
         self._store = context.store
         self._artifacts = context.artifacts
         self._settings = context.settings
@@ -150,12 +159,18 @@ class JobRunner:
         folder = self._needs_folder
         try:
             if folder:
-                self._workdir.mkdir(parents=True)
+                self._workdir.mkdir(parents=True, mode=0o700)
             if self.spec.function is None:
                 self._fetch_inputs()
+            if folder:
+                # Unpacked while only the worker could write there; the job's user's from now on.
+                self._processes.hand_over(self._workdir)
             ending = self._execute()
         except (ArchiveError, MissingArtifact, CorruptArtifact) as exc:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
+        except UntrustedPayload as exc:
+            ending = Ending(JobState.FAILED, reason=f"refused: {exc}; it was not run")
+            self._system(ending.reason or "")
         finally:
             # Before the job ends: its slot is not free until its folders are gone.
             if folder:
@@ -198,6 +213,7 @@ class JobRunner:
             call = small_files(replies[0], [CALL]).get(CALL)
             if call is None:
                 raise MissingArtifact(CALL)
+            check_file(self._files, CALL, hashlib.sha256(call).hexdigest())
         if self._has_checkpoint_folder:
             env[CHECKPOINT_VARIABLE] = str(self._checkpoint_folder())
         return self._launch(env, call, announced)
@@ -211,7 +227,7 @@ class JobRunner:
         """The job's checkpoint folder: filled with what an earlier attempt kept, and kept while the
         job runs (node 0's, for a gang job)."""
         folder = self._checkpoint_dir
-        folder.mkdir()
+        folder.mkdir(mode=0o700)
         if self.claim.part is None or self.claim.part.node == 0:
             self._checkpoints = CheckpointKeeper(
                 folder,
@@ -221,9 +237,11 @@ class JobRunner:
                 interval=self._settings.checkpoint_interval,
                 max_bytes=self._settings.max_job_bytes,
                 say=self._system,
+                reading=self._processes.reading,
             )
             if self.claim.attempt > 1:  # a first attempt has nothing kept: no round trip
                 self._persist(self._checkpoints.restore)
+        self._processes.hand_over(folder)
         return folder
 
     @property
@@ -271,7 +289,7 @@ class JobRunner:
         """Run a function's call in an executor: a warm one for this code and these GPUs, or a new one."""
         function = self.spec.function
         assert function is not None
-        functions = self._verified(call)
+        functions = self._runtime()
         if isinstance(functions, Ending):
             return functions
         folder = self._persist(functions.bundles.folder, function.bundle)
@@ -308,23 +326,17 @@ class JobRunner:
             return ending
         return self._reply_ending(*reply)
 
-    def _verified(self, call: bytes) -> FunctionRuntime | Ending:
-        """What runs function calls here, once ``call`` is found signed with the installation's
-        secret; or how the job ends (no secret here, or a forged call, refused unread)."""
-        functions = self._functions
-        if functions is None:
+    def _runtime(self) -> FunctionRuntime | Ending:
+        """What runs function calls here; or how the job ends, on a worker without the key that signs
+        their results."""
+        if self._functions is None:
             reason = (
-                "this worker has no secret to check function calls with (set GPULAYER_SECRET, or "
-                "join with --secret), so it cannot run them"
+                "this worker holds no key to sign results with (its access is not a worker's), "
+                "so it cannot run function calls"
             )
             self._system(reason)
             return Ending(JobState.FAILED, reason=reason)
-        try:
-            Signer(functions.secret).verify(call)
-        except UntrustedPayload as exc:
-            self._system(f"refused: {exc}")
-            return Ending(JobState.FAILED, reason=f"refused: {exc}")
-        return functions
+        return self._functions
 
     def _executor_key(self) -> Key:
         function = self.spec.function
@@ -379,15 +391,16 @@ class JobRunner:
         )
         for name in names:
             with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
-                self._persist(self._download, name, archive)
+                check_file(self._files, name, self._persist(self._download, name, archive))
                 extract(archive, self._workdir)
 
-    def _download(self, name: str, archive: IO[bytes]) -> None:
+    def _download(self, name: str, archive: IO[bytes]) -> str:
         # From the start on every try, so a download cut short by Redis leaves nothing behind.
         archive.seek(0)
         archive.truncate()
-        self._artifacts.get_inputs(self.claim.target, name, archive)
+        digest = self._artifacts.get_inputs(self.claim.target, name, archive)
         archive.seek(0)
+        return digest
 
     def _pump(self, tracked: list[Tracked], replies: Connection | None) -> bool:
         """Forward the processes' output to the job's log until they and everything they started are
@@ -496,9 +509,11 @@ class JobRunner:
             return None, None
         with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
             try:
-                summary = pack_outputs(
-                    self._workdir, self.spec.outputs, archive, self._settings.max_job_bytes
-                )
+                # As the job's user: a link it left towards the worker's files reads as nothing.
+                with self._processes.reading():
+                    summary = pack_outputs(
+                        self._workdir, self.spec.outputs, archive, self._settings.max_job_bytes
+                    )
             except ArtifactTooLarge as exc:
                 return None, str(exc)
             self._persist(self._upload, archive)
@@ -554,9 +569,12 @@ class JobRunner:
             )
 
     def _stage(self, result: tuple[str, bytes]) -> Callable[[Pipeline], object]:
+        """Queue a function's result, signed for the job users know and this attempt only."""
         name, payload = result
+        assert self._functions is not None, "only a worker that can sign results runs calls"
+        signed = sign_result(self._functions.result_key, self.claim.target, self.claim.attempt, name, payload)
         return lambda pipe: self._artifacts.put_outputs(
-            self.job_id, self.claim.attempt, name, io.BytesIO(payload), pipe
+            self.job_id, self.claim.attempt, name, io.BytesIO(signed), pipe
         )
 
     def _give_back(self) -> None:

@@ -36,12 +36,13 @@ from rq.command import parse_payload
 from rq.queue import Queue
 from rq.worker import BaseWorker, WorkerStatus
 
-from ..errors import ConfigError
+from ..errors import ConfigError, UntrustedPayload
+from ..home import private_folder
 from ..inventory import GPU, Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
 from ..server import address_towards
 from ..settings import Settings
-from ..signing import SECRET_FILE, load_secret
+from ..signing import Keyring, check_job
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
 from ..store.gangs import GangStore, Hold
@@ -54,10 +55,11 @@ from ..store.workers import WorkerStore
 from .executors import ExecutorPool
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
+from .identity import RunAs, job_area, private_to
 from .leases import LeaseKeeper
 from .listener import Listener
 from .parts import PartRunner
-from .process import JobProcesses, become_subreaper
+from .process import JobProcesses, become_subreaper, job_environment
 from .queues import ServedQueues
 from .runner import Context, JobRunner, StopReason
 from .telemetry import TelemetryReporter
@@ -91,13 +93,15 @@ HOLD_TTL_MS = 10_000
 
 
 class Worker(BaseWorker):
-    """Offers ``slots`` CPU slots, ``memory`` bytes and ``gpus`` to this installation's jobs."""
+    """Offers ``slots`` CPU slots, ``memory`` bytes and ``gpus`` to this installation's jobs, and runs
+    only those a submitter signed (checked with ``keyring``'s public job key)."""
 
     def __init__(
         self,
         connection: Redis,
         settings: Settings,
         *,
+        keyring: Keyring,
         name: str,
         slots: int,
         memory: int,
@@ -105,11 +109,13 @@ class Worker(BaseWorker):
         labels: dict[str, str] | None = None,
         frameworks: dict[str, str] | None = None,
         workdir: Path | None = None,
+        run_as: RunAs | None = None,
         lease_ttl: float = LEASE_TTL,
         heartbeat: float = HEARTBEAT_INTERVAL,
         advertise_addr: str | None = None,
     ) -> None:
         self.keys = Keys(settings.prefix)
+        self._verifier = keyring.checker()
         if not 0 < heartbeat < lease_ttl:
             raise ConfigError(
                 f"the heartbeat ({heartbeat:g} s) must be shorter than the lease ({lease_ttl:g} s)"
@@ -158,41 +164,47 @@ class Worker(BaseWorker):
         self._jobs = JobStore(connection, self.keys, scripts, settings)
         self._queue_store = QueueStore(connection, self.keys)
         self._telemetry: TelemetryReporter | None = None
-        self.workdir = workdir or settings.home / "work" / name
-        self._base_env = dict(os.environ)
+        # With run_as, job folders, bundles and the jobs' home are outside the worker's home, which
+        # the job user must not enter.
+        area = job_area(workdir, f"{settings.prefix}-{name}") if run_as else None
+        self.workdir = area or private_folder(workdir or settings.home / "work" / name)
+        self._bundles = area / "bundles" if area else private_folder(settings.home / "bundles")
+        if area:
+            self._bundles.mkdir(mode=0o755, exist_ok=True)  # the job user imports from it
+        self._base_env = job_environment(os.environ)
         self._runners: dict[str, JobRunner] = {}
         self._claimed: deque[Claim] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
         self.capacity = slots + len(self.offer.gpus)
-        processes = JobProcesses()
+        processes = JobProcesses(run_as, private_to(run_as, area / "home") if run_as and area else None)
         self._context = Context(
             self.store,
             self.artifacts,
             settings,
             processes,
             lease_ttl,
-            self._functions(settings, processes),
+            self._functions(settings, processes, keyring),
             self.address,
         )
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
         become_subreaper()
 
-    def _functions(self, settings: Settings, processes: JobProcesses) -> FunctionRuntime | None:
-        """Function jobs need the installation's secret; without it they fail, saying so."""
-        secret = load_secret(settings.home)
-        if secret is None:
+    def _functions(
+        self, settings: Settings, processes: JobProcesses, keyring: Keyring
+    ) -> FunctionRuntime | None:
+        """Function jobs need the key their results are signed with; without it they fail, saying so."""
+        if keyring.result_key is None:
             log.warning(
-                "worker %s: no secret (GPULAYER_SECRET, or %s): function jobs will fail here",
+                "worker %s: its access holds no key to sign results with: function jobs will fail here",
                 self.display_name,
-                settings.home / SECRET_FILE,
             )
             return None
-        bundles = CodeBundles(settings.home / "bundles", self.artifacts)
+        bundles = CodeBundles(self._bundles, self.artifacts)
         bundles.prune()
-        return FunctionRuntime(secret, bundles, ExecutorPool(processes, secret, self.capacity))
+        return FunctionRuntime(keyring.result_key, bundles, ExecutorPool(processes, self.capacity))
 
     @property
     def connection_timeout(self) -> int:
@@ -201,6 +213,14 @@ class Worker(BaseWorker):
         return max(1, int(self.lease_ttl / 2))
 
     # --- registration --------------------------------------------------------------------------
+    def _set_ip_address(self, connection: Redis) -> None:
+        """The address Redis sees this worker at, from CLIENT INFO: RQ's own way lists every client
+        (CLIENT LIST), which a worker's Redis user may not."""
+        try:
+            self.ip_address = str(connection.client_info()["addr"])
+        except (redis.exceptions.ResponseError, KeyError):
+            self.ip_address = "unknown"
+
     def serialize(self) -> dict[str, Any]:
         fields: dict[str, Any] = super().serialize()
         fields.update(
@@ -398,17 +418,22 @@ class Worker(BaseWorker):
         return None
 
     def execute_job(self, job: Claim, queue: Queue) -> None:  # type: ignore[override]
-        """Start the job in a free slot and return at once."""
+        """Start the job in a free slot and return at once; a job that is not exactly what a submitter
+        signed fails, unread and unrun."""
         try:
             spec = _read_spec(job.spec_json)
-        except ValueError as exc:
-            reason = f"invalid job record: {exc}"
+            files = check_job(self._verifier, job.target, job.spec_json or b"", job.seal)
+        except (ValueError, UntrustedPayload) as exc:
+            refused = isinstance(exc, UntrustedPayload)
+            reason = f"refused: {exc}; it was not run" if refused else f"invalid job record: {exc}"
+            if refused:
+                self.store.append_logs(job, [("system", reason, None)])
             self.store.finish(job, JobState.FAILED, exit_code=None, reason=reason, outputs=None, seconds=0.0)
             log.error("job %s: %s", job.job_id, reason)
             return
         folder = self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
         kind = JobRunner if job.part is None else PartRunner
-        runner = kind(job, spec, self._context, folder, {**self._base_env, **self._gpu_env(job)})
+        runner = kind(job, spec, files, self._context, folder, {**self._base_env, **self._gpu_env(job)})
         with self._lock:
             self._runners[job.job_id] = runner
         if self.get_state() != WorkerStatus.BUSY:

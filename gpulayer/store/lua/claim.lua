@@ -10,18 +10,20 @@
 -- ARGV[7..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
 --           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
 -- Returns the number of gang jobs waiting for workers, then, for each claimed job: id, attempt, spec
--- JSON, queue name, GPU indices ("0,2"), and, for a gang part, "gang job id:node" (else '').
+-- JSON, queue name, GPU indices ("0,2"), for a gang part "gang job id:node" (else ''), and the
+-- submitter's seal over the job (else '': the worker refuses it).
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or not queued are dropped.
 local out = {redis.call('zcard', GANGS)}
 for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
   local v = redis.call('hmget', key(K.job, id), 'gl_state', 'worker_name', 'gl_attempt', 'gl_spec', 'origin',
-    'gl_gpus', 'gl_parent', 'gl_node')
+    'gl_gpus', 'gl_parent', 'gl_node', 'gl_seal')
   if v[1] == 'scheduled' and v[2] == ARGV[2] then
     out[#out + 1] = id
     for i = 3, 6 do
       out[#out + 1] = v[i]
     end
     out[#out + 1] = v[7] .. ':' .. v[8]
+    out[#out + 1] = v[9] or ''
   end
 end
 if redis.call('exists', KEYS[5]) == 1 then
@@ -77,10 +79,12 @@ for q = 7, #ARGV, 5 do
       redis.call('zadd', key(K.started, queue), '+inf', id .. ':' .. attempt)
       out[#out + 1] = id
       out[#out + 1] = attempt
-      out[#out + 1] = redis.call('hget', jobkey, 'gl_spec')
+      local stored = redis.call('hmget', jobkey, 'gl_spec', 'gl_seal')
+      out[#out + 1] = stored[1]
       out[#out + 1] = queue
       out[#out + 1] = indices
       out[#out + 1] = ''
+      out[#out + 1] = stored[2] or ''
       want = want - 1
     end
   end

