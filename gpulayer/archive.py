@@ -1,7 +1,7 @@
-"""Folders to archives and back: the source folder, the inputs, the outputs.
+"""Folders to archives: the source folder, the inputs, the outputs, a checkpoint folder.
 
-Packing applies the ignore rules and the size caps before anything is written; unpacking refuses any
-entry that would land outside its folder, any link that points out of it, and any device or FIFO.
+Packing applies the ignore rules and the size caps before anything is written. Unpacking, whoever
+made the archive, is :mod:`gpulayer.unpacking`'s.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import gzip  # noqa: F401  # imported now, not when tarfile first needs it: a wo
 import os
 import tarfile
 from collections.abc import Iterable
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import IO
 
 import pathspec
 
-from .errors import ArchiveError, ArtifactTooLarge, InputNotFound, SourceError
+from .errors import ArtifactTooLarge, InputNotFound, SourceError
 from .models import OutputSummary
 from .units import format_size
 
@@ -64,6 +64,10 @@ class Manifest:
     def _relative_link(self, info: tarfile.TarInfo) -> tarfile.TarInfo:
         if info.issym():
             info.linkname = self.link_target(info.name)
+        elif info.islnk():
+            # A file with a second name here: stored whole again (tarfile adds the contents of what
+            # is regular by then), since unpacking takes no hard links.
+            info.type, info.linkname, info.size = tarfile.REGTYPE, "", self.members[info.name].stat().st_size
         return info
 
     def link_target(self, arcname: str) -> str:
@@ -174,24 +178,3 @@ def pack_outputs(workdir: Path, patterns: Iterable[str], dest: IO[bytes], max_by
     manifest.write(dest)
     files = sum(1 for path in manifest.members.values() if path.is_file())
     return OutputSummary(files=files, bytes=manifest.size, missing=missing)
-
-
-def extract(archive: IO[bytes], dest: Path) -> list[Path]:
-    """Unpack into ``dest``; refuses absolute paths, ``..``, links out of ``dest``, devices and FIFOs."""
-    try:
-        with tarfile.open(fileobj=archive, mode="r:*") as tar:
-            members = tar.getmembers()
-            for member in members:
-                name = PurePosixPath(member.name)
-                if name.is_absolute() or ".." in name.parts:
-                    raise ArchiveError(f"archive entry {member.name!r} would land outside its folder")
-                if not (member.isfile() or member.isdir() or member.issym()):
-                    raise ArchiveError(f"archive entry {member.name!r} is not a file, folder or link")
-            tar.extractall(dest, members=members, filter="data")
-            return [dest / member.name for member in members if member.isfile()]
-    except tarfile.FilterError as exc:
-        raise ArchiveError(f"unsafe archive entry: {exc}") from None
-    except tarfile.ReadError:
-        raise ArchiveError("not a tar archive (plain, gzip, bzip2 or xz) or cut short") from None
-    except tarfile.TarError as exc:
-        raise ArchiveError(f"not a valid archive: {' '.join(str(exc).split())}") from None

@@ -93,21 +93,32 @@ def digest(hashes: Mapping[str, bytes]) -> str:
     return total.hexdigest()
 
 
-def archive_digest(archive: IO[bytes]) -> str:
+def archive_digest(archive: IO[bytes], max_bytes: int) -> str:
     """:func:`digest` of what a bundle's archive holds, read from the archive itself: what the client
-    names the bundle by, and what a worker checks before it unpacks any of it.
-    :class:`ArchiveError` if it is not a readable archive."""
+    names the bundle by, and what a worker checks before it unpacks any of it. :class:`ArchiveError`
+    if it is not a readable archive, or holds more than ``max_bytes`` (read a chunk at a time)."""
     hashes: dict[str, bytes] = {}
+    size = 0
     try:
         with tarfile.open(fileobj=archive, mode="r:*") as tar:
             for member in tar:
+                size += member.size if member.isreg() else 0
+                if size > max_bytes:
+                    raise ArchiveError(f"the code bundle unpacks to more than {max_bytes} bytes")
                 if member.issym():
                     hashes[member.name] = _LINK + member.linkname.encode()
                 elif member.isdir():
                     hashes[member.name] = _FOLDER
                 else:
                     content = tar.extractfile(member)
-                    hashes[member.name] = hashlib.sha256(content.read() if content else b"").digest()
-    except tarfile.TarError as exc:
+                    hashes[member.name] = _hash_stream(content) if content else hashlib.sha256().digest()
+    except (tarfile.TarError, EOFError, OSError) as exc:
         raise ArchiveError(f"the code bundle is not a readable archive: {exc}") from None
     return digest(hashes)
+
+
+def _hash_stream(stream: IO[bytes]) -> bytes:
+    found = hashlib.sha256()
+    while chunk := stream.read(1 << 20):
+        found.update(chunk)
+    return found.digest()

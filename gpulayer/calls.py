@@ -159,7 +159,7 @@ class Calls:
             with tempfile.SpooledTemporaryFile(_SPOOL) as file:
                 bundle.manifest.write(file)
                 file.seek(0)
-                shipped = archive_digest(file)
+                shipped = archive_digest(file, self._settings.max_source_bytes)
                 file.seek(0)
                 self._artifacts.put_bundle(shipped, file)
         self._shipped[bundle.digest] = (time.monotonic(), shipped)

@@ -62,6 +62,7 @@ from .store.telemetry import HISTORY, TelemetryStore
 from .store.tokens import BrowserSession, OpenedSession, TokenStore
 from .store.workers import WorkerStore
 from .units import format_size
+from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
 _SPOOL = 16 * 1024 * 1024
@@ -152,6 +153,8 @@ class Client:
             archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
+        if source_files is not None:
+            _no_input_over_the_source(source_files, input_files)
         needs = validated(Requirements, requirements)
         spec = build_spec(
             command=argv,
@@ -427,10 +430,18 @@ class Job:
             except MissingArtifact:
                 raise OutputNotProduced(f"the outputs of job {self.id} have expired") from None
             file.seek(0)
-            written = archive.extract(file, folder)
+            written = extract(file, folder, max_bytes=self.client.settings.max_job_bytes, replace=True)
         if record.outputs.missing:
             raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
         return written
+
+
+def _no_input_over_the_source(source: archive.Manifest, inputs: archive.Manifest) -> None:
+    """An input lands in the job's folder beside the source: it may not take a source file's place."""
+    for name, path in inputs.members.items():
+        shipped = source.members.get(name)
+        if shipped is not None and not (shipped.is_dir() and path.is_dir()):
+            raise InvalidJobSpec(f"invalid job: the input {name!r} would replace the source's {name!r}")
 
 
 def _reasons_text(plan: Plan) -> str:

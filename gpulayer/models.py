@@ -96,6 +96,16 @@ _RQ_STATUS = {
 }
 
 
+def plain_name(name: str) -> str:
+    """``name`` if it is one file's name (what an input is called in its job's folder): not empty,
+    no ``/`` or ``\\``, not ``.`` or ``..``, no NUL; else ValueError saying so."""
+    if not name or name in (".", "..") or any(character in name for character in "/\\\0"):
+        raise ValueError(f"{name!r} is not a plain file name (no /, \\, NUL, . or ..)")
+    if len(name.encode()) > 255:
+        raise ValueError(f"{name[:40]!r}... is longer than a file name may be (255 bytes)")
+    return name
+
+
 def _relative_pattern(pattern: str) -> str:
     path = PurePosixPath(pattern)
     if not pattern or "\0" in pattern:
@@ -160,7 +170,7 @@ class JobSpec(BaseModel):
     """What a job asks for: a command, or a call of a remote function. Stored with the job; the worker
     runs exactly this."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     command: list[Annotated[str, Field(max_length=65536)]] = Field(max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
@@ -217,6 +227,11 @@ class JobSpec(BaseModel):
     @classmethod
     def _outputs_relative(cls, outputs: list[str]) -> list[str]:
         return [_relative_pattern(pattern) for pattern in outputs]
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_plain(cls, inputs: list[str]) -> list[str]:
+        return [plain_name(name) for name in inputs]
 
     @model_validator(mode="after")
     def _function_has_no_files(self) -> JobSpec:
@@ -324,6 +339,10 @@ class JobRecord(BaseModel):
     #: For a gang job placed on workers: its nodes, node 0 (where rank 0 runs) first.
     parts: list[GangPart] = Field(default_factory=list)
     spec: JobSpec
+    #: Set when fields of the stored record could not be read (written by something other than
+    #: GPUlayer): which. Those fields show their defaults; a job whose spec cannot be read shows the
+    #: command ``(unreadable)``.
+    corrupt: str | None = None
 
     def as_json(self) -> dict[str, object]:
         """As `gpulayer status --json` and the HTTP API show it: times in UTC, the spec without the

@@ -444,7 +444,7 @@ def test_keys_of_gang_jobs_live_under_the_prefix() -> None:
     ]
 
 
-def test_a_garbled_gang_job_record_is_never_placed_and_the_worker_goes_on(
+def test_a_garbled_gang_job_record_fails_saying_so_and_the_worker_goes_on(
     client: Client, workers: Workers, raw_redis: redis.Redis
 ) -> None:
     garbled = client.submit(["true"], nodes=2)
@@ -452,9 +452,11 @@ def test_a_garbled_gang_job_record_is_never_placed_and_the_worker_goes_on(
     worker = workers.start("w1", 2)
     workers.start("w2", 2)
     assert client.submit(["true"], nodes=2).wait(30).state is JobState.SUCCEEDED
-    assert raw_redis.zscore(client.keys.gangs, garbled.id) is not None
+    record = garbled.wait(30)
+    assert (record.state, record.reason) == (JobState.FAILED, "corrupt record: gl_spec is not a job's spec")
+    assert raw_redis.zscore(client.keys.gangs, garbled.id) is None
     assert worker.poll() is None
-    assert "its record is missing or garbled" in workers.log("w1") + workers.log("w2")
+    assert "its record is missing or garbled; it fails" in workers.log("w1") + workers.log("w2")
     assert {w.name: (w.heartbeat, w.address) for w in client.workers()} == {
         "w1": (5.0, "127.0.0.1"),
         "w2": (5.0, "127.0.0.1"),

@@ -190,7 +190,7 @@ def test_a_timeout_leaves_no_process_of_the_job_behind(
 @pytest.mark.parametrize(
     ("field", "value", "reason"),
     [
-        ("gl_spec", None, "invalid job record: it has no spec"),
+        ("gl_spec", None, "corrupt record: it has no gl_spec"),
         ("gl_spec", "{not json", "invalid job record: "),
         (
             "gl_spec",

@@ -181,7 +181,7 @@ def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | Non
             (
                 record.id,
                 record.name or "-",
-                record.state.value,
+                record.state.value + (" (corrupt)" if record.corrupt else ""),
                 "-" if record.exit_code is None else str(record.exit_code),
                 record.worker or "-",
                 record.created_at.astimezone().strftime("%m-%d %H:%M:%S"),
@@ -219,6 +219,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
         ("state", record.state.value),
         ("exit code", record.exit_code),
         ("reason", record.reason),
+        ("corrupt record", record.corrupt),
         ("worker", record.worker),
         ("gpus", ",".join(map(str, record.gpus)) or None),
         ("attempt", record.attempt),

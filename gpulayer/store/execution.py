@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any, Literal, cast
 
 from redis import Redis
 from redis.client import Pipeline
 
 from ..models import JobState, OutputSummary, QueueSpec
+from .garbled import readable
 from .keys import Keys
 from .rq_jobs import timestamp
 from .scripts import Scripts
@@ -128,7 +130,13 @@ class ExecutionStore:
     def queue_registry(self) -> dict[str, QueueSpec]:
         """Every queue that has had a job, with what its jobs ask for."""
         raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.queues))
-        return {name.decode(): QueueSpec.model_validate_json(spec) for name, spec in raw.items()}
+        found = {
+            name.decode(errors="replace"): readable(
+                partial(QueueSpec.model_validate_json, spec), f"queue {name!r}"
+            )
+            for name, spec in raw.items()
+        }
+        return {name: spec for name, spec in found.items() if spec is not None}
 
     def start(
         self, claim: Claim, also: Callable[[Pipeline], object] | None = None, master: str = ""

@@ -7,7 +7,6 @@ import logging
 from collections.abc import Sequence
 from typing import cast
 
-from pydantic import ValidationError
 from redis import Redis
 
 from ..models import JobSpec
@@ -69,10 +68,15 @@ class GangStore:
         for job_id, raw in zip(ids, pipe.execute(), strict=True):
             try:
                 found.append(Waiting(job_id, parse_spec(raw)))
-            except (TypeError, ValidationError):
-                # Written by something other than a client: it is left to wait, never placed.
-                log.warning("gang job %s: its record is missing or garbled; not placing it", job_id)
+            except (TypeError, ValueError):
+                # Written by something other than a client: it fails, saying so, rather than wait for ever.
+                log.warning("gang job %s: its record is missing or garbled; it fails", job_id)
+                self.spoil(job_id, "gl_spec is not a job's spec")
         return found
+
+    def spoil(self, job_id: str, why: str) -> bool:
+        """Fail a waiting job whose record cannot be read (``spoil.lua``); False if it no longer waits."""
+        return bool(self._scripts.run("spoil", [self._keys.job(job_id)], [job_id, why, timestamp()]))
 
     def place(
         self, job: Waiting, candidates: Sequence[Candidate], *, may_hold: bool, hold: Hold, lease_ms: int

@@ -7,7 +7,7 @@ import json
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from redis import Redis
 from redis.client import Pipeline
@@ -132,7 +132,7 @@ class JobStore:
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
         raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id)))
-        if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode()):
+        if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode(errors="replace")):
             return None
         return self._record(job_id, raw)
 
@@ -201,42 +201,92 @@ class JobStore:
         return [record for record in records if record is not None]
 
     def _record(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord:
-        def text(field: str) -> str | None:
-            value = raw.get(field.encode())
-            return value.decode() if value else None
-
-        spec = parse_spec(raw[b"gl_spec"])
-        worker, exit_code, outputs = text("worker_name"), text("gl_exit_code"), text("gl_outputs")
-        retry_at = text("gl_retry_at")
-        created = parse_timestamp(raw.get(b"created_at"))
-        assert created is not None, "every job has created_at"
+        """The record as stored; a field that cannot be read (written by something other than
+        GPUlayer) is left at its default and named in ``corrupt``, so one such record never breaks a
+        listing."""
+        fields = _Fields(raw)
+        spec = fields.read("gl_spec", lambda text: parse_spec(text.encode()), UNREADABLE_SPEC)
+        worker = fields.text("worker_name")
         return JobRecord(
             id=job_id,
             name=spec.name,
             command=spec.command,
-            state=JobState(text("gl_state")),
-            attempt=int(text("gl_attempt") or 0),
+            state=fields.read("gl_state", JobState, JobState.FAILED),
+            attempt=fields.read("gl_attempt", int, 0),
             worker=self._keys.worker_display_name(worker) if worker else None,
-            exit_code=int(exit_code) if exit_code is not None else None,
-            reason=text("gl_reason"),
-            queue=text("origin") or "",
-            created_at=created,
-            queued_at=parse_timestamp(raw.get(b"enqueued_at")),
-            scheduled_at=parse_timestamp(raw.get(b"gl_scheduled_at")),
-            started_at=parse_timestamp(raw.get(b"started_at")),
-            ended_at=parse_timestamp(raw.get(b"ended_at")),
-            outputs=OutputSummary.model_validate_json(outputs) if outputs else None,
-            gpus=_indices(text("gl_gpus") or ""),
-            attempts=[Attempt.model_validate(entry) for entry in json.loads(text("gl_attempts") or "[]")],
-            retry_at=datetime.fromtimestamp(int(retry_at) / 1000, tz=timezone.utc) if retry_at else None,
-            parts=[
-                GangPart(node=node, worker=part["worker"], gpus=_indices(part["gpus"]))
-                for node, part in enumerate(json.loads(text("gl_parts") or "[]"))
-            ],
+            exit_code=fields.read("gl_exit_code", int, None),
+            reason=fields.text("gl_reason"),
+            queue=fields.text("origin") or "",
+            created_at=fields.read("created_at", _timestamp, EPOCH),
+            queued_at=fields.read("enqueued_at", _timestamp, None),
+            scheduled_at=fields.read("gl_scheduled_at", _timestamp, None),
+            started_at=fields.read("started_at", _timestamp, None),
+            ended_at=fields.read("ended_at", _timestamp, None),
+            outputs=fields.read("gl_outputs", OutputSummary.model_validate_json, None),
+            gpus=fields.read("gl_gpus", _indices, []),
+            attempts=fields.read("gl_attempts", _attempts, []),
+            retry_at=fields.read("gl_retry_at", _milliseconds, None),
+            parts=fields.read("gl_parts", _parts, []),
             spec=spec,
+            corrupt=fields.garbled(),
         )
 
 
 def _indices(text: str) -> list[int]:
     """GPU indices as stored: "0,2"."""
     return [int(index) for index in text.split(",") if index]
+
+
+#: What a record whose spec cannot be read shows in its place.
+UNREADABLE_SPEC = JobSpec(command=["(unreadable)"])
+EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
+T = TypeVar("T")
+
+
+class _Fields:
+    """A job hash's fields, each read on its own: one that cannot be read is noted, not raised."""
+
+    def __init__(self, raw: dict[bytes, bytes]) -> None:
+        self._raw = raw
+        self._garbled: list[str] = []
+
+    def text(self, name: str) -> str | None:
+        value = self._raw.get(name.encode())
+        return value.decode(errors="replace") if value else None
+
+    def read(self, name: str, parse: Callable[[str], T], default: T) -> T:
+        """``parse`` of the field, or ``default`` when it is absent (or empty) or ``parse`` fails."""
+        value = self.text(name)
+        if value is None:
+            return default
+        try:
+            return parse(value)
+        except (ValueError, TypeError, KeyError, OverflowError, AttributeError):
+            self._garbled.append(name)
+            return default
+
+    def garbled(self) -> str | None:
+        """The fields that could not be read, as a line; None if the record is sound."""
+        return "unreadable " + ", ".join(self._garbled) if self._garbled else None
+
+
+def _timestamp(text: str) -> datetime:
+    found = parse_timestamp(text.encode())
+    if found is None:
+        raise ValueError(text)
+    return found
+
+
+def _milliseconds(text: str) -> datetime:
+    return datetime.fromtimestamp(int(text) / 1000, tz=timezone.utc)
+
+
+def _attempts(text: str) -> list[Attempt]:
+    return [Attempt.model_validate(entry) for entry in json.loads(text)]
+
+
+def _parts(text: str) -> list[GangPart]:
+    return [
+        GangPart(node=node, worker=part["worker"], gpus=_indices(part["gpus"]))
+        for node, part in enumerate(json.loads(text))
+    ]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import cast
 
 from redis import Redis
 
 from ..models import QueueInfo, QueueSpec
+from .garbled import readable
 from .keys import Keys
 
 
@@ -27,7 +29,9 @@ class QueueStore:
         *depths, gangs = pipe.execute()
         queues = []
         for name, depth in zip(names, depths, strict=True):
-            spec = QueueSpec.model_validate_json(registry[name.encode()])
+            spec = readable(partial(QueueSpec.model_validate_json, registry[name.encode()]), f"queue {name}")
+            if spec is None:
+                continue
             queues.append(
                 QueueInfo(name=name, requirements=spec.requirements, priority=spec.priority, depth=depth)
             )

@@ -37,6 +37,7 @@ _NAMES = (
     "reap",
     "gang",
     "keep_checkpoint",
+    "spoil",
 )
 
 

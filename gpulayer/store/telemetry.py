@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Literal, cast
+from functools import partial
+from typing import Literal, TypeVar, cast
 
+from pydantic import BaseModel
 from redis import Redis
 
 from ..inventory import Telemetry
 from ..models import ActivitySample
+from .garbled import readable
 from .keys import Keys
 
 #: How far back the streams reach (s).
 HISTORY = 3600
 
 Entries = list[tuple[bytes, dict[bytes, bytes]]]
+M = TypeVar("M", bound=BaseModel)
 
 
 class TelemetryStore:
@@ -69,11 +73,19 @@ class TelemetryStore:
         for worker in workers:
             pipe.xrange(self._keys.telemetry(worker), since, "+")
         return {
-            worker: [Telemetry.model_validate_json(fields[b"d"]) for _, fields in cast(Entries, entries)]
+            worker: _samples(Telemetry, cast(Entries, entries), f"a telemetry sample of {worker}")
             for worker, entries in zip(workers, pipe.execute(), strict=True)
         }
 
     def activity(self, seconds: float) -> list[ActivitySample]:
         """The installation's samples over the last ``seconds``, oldest first."""
         entries = cast(Entries, self._redis.xrange(self._keys.activity, self._since(seconds), "+"))
-        return [ActivitySample.model_validate_json(fields[b"d"]) for _, fields in entries]
+        return _samples(ActivitySample, entries, "an activity sample")
+
+
+def _samples(model: type[M], entries: Entries, what: str) -> list[M]:
+    """The samples of a stream that can be read (field ``d``), oldest first."""
+    found = (
+        readable(partial(model.model_validate_json, fields.get(b"d", b"")), what) for _, fields in entries
+    )
+    return [sample for sample in found if sample is not None]

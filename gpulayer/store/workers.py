@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import cast
 
 from redis import Redis
 
 from ..inventory import WorkerInfo
+from .garbled import readable
 from .keys import Keys
 from .rq_jobs import parse_timestamp
 
@@ -35,22 +37,9 @@ class WorkerStore:
         for name, raw, usage, running in zip(names, replies[::3], replies[1::3], replies[2::3], strict=True):
             if not raw or b"death" in raw or b"gl_offer" not in raw:
                 continue
-            # One validation per worker: the offer as registered, and what is live now.
-            fields = json.loads(raw[b"gl_offer"])
-            fields.update(
-                name=name,
-                host=raw.get(b"hostname", b"").decode(),
-                pid=int(raw.get(b"pid", 0)),
-                state=raw.get(b"state", b"?").decode(),
-                birth=parse_timestamp(raw.get(b"birth")),
-                last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
-                heartbeat=float(raw.get(b"gl_heartbeat", 5.0)),
-                address=raw[b"gl_address"].decode() if b"gl_address" in raw else None,
-                running=int(running),
-                cpus_used=int(usage.get(b"cpus", 0)),
-                memory_used=int(usage.get(b"memory", 0)),
-            )
-            workers.append(WorkerInfo.model_validate(fields))
+            found = readable(partial(_worker, name, raw, usage, int(running)), f"the record of worker {name}")
+            if found is not None:
+                workers.append(found)
         uuids = [gpu.uuid for worker in workers for gpu in worker.gpus]
         holders = (
             dict(zip(uuids, self._redis.mget([self._keys.gpu(uuid) for uuid in uuids]), strict=True))
@@ -60,3 +49,22 @@ class WorkerStore:
         for worker in workers:
             worker.gpus_busy = [gpu.uuid for gpu in worker.gpus if holders.get(gpu.uuid)]
         return workers
+
+
+def _worker(name: str, raw: dict[bytes, bytes], usage: dict[bytes, bytes], running: int) -> WorkerInfo:
+    """One validation per worker: the offer as registered, and what is live now."""
+    fields = json.loads(raw[b"gl_offer"])
+    fields.update(
+        name=name,
+        host=raw.get(b"hostname", b"").decode(),
+        pid=int(raw.get(b"pid", 0)),
+        state=raw.get(b"state", b"?").decode(),
+        birth=parse_timestamp(raw.get(b"birth")),
+        last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
+        heartbeat=float(raw.get(b"gl_heartbeat", 5.0)),
+        address=raw[b"gl_address"].decode() if b"gl_address" in raw else None,
+        running=running,
+        cpus_used=int(usage.get(b"cpus", 0)),
+        memory_used=int(usage.get(b"memory", 0)),
+    )
+    return WorkerInfo.model_validate(fields)

@@ -26,6 +26,8 @@ from .. import archive
 from ..distributed import DistributedJob
 from ..functions import FunctionHandle
 from ..models import CHECKPOINT_VARIABLE
+from ..settings import Settings
+from ..unpacking import extract
 from .ranks import leave
 
 if TYPE_CHECKING:
@@ -47,7 +49,8 @@ def run_job(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> 
     ).submit(client)
     outcome: dict[str, Any] = FunctionHandle(job).result()
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
-    archive.extract(io.BytesIO(outcome.pop("run_folder")), trainer.run_dir)
+    run_folder = io.BytesIO(outcome.pop("run_folder"))
+    extract(run_folder, trainer.run_dir, max_bytes=Settings.from_env().max_job_bytes, replace=True)
     return outcome
 
 

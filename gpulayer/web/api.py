@@ -9,12 +9,11 @@ from typing import Any
 from flask import Blueprint, Response, g, jsonify, request, send_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from werkzeug.datastructures import FileStorage
-from werkzeug.utils import secure_filename
 
-from .. import archive
 from ..errors import ArchiveError, OutputNotProduced, TokenError
-from ..models import JobState, Launcher, RetryOn, Role, validation_message
+from ..models import JobState, Launcher, RetryOn, Role, plain_name, validation_message
 from ..units import parse_duration
+from ..unpacking import extract
 from .auth import client, requires
 from .errors import ApiError
 
@@ -28,7 +27,7 @@ class SubmitRequest(BaseModel):
     """``POST /jobs``: a command job, as ``gpulayer submit`` takes it (the job itself is then checked
     by the same :class:`gpulayer.JobSpec` the CLI builds)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     command: list[str] | str
     env: dict[str, str] = Field(default_factory=dict)
@@ -51,7 +50,7 @@ class SubmitRequest(BaseModel):
 class TokenRequest(BaseModel):
     """``POST /tokens``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     role: Role
@@ -116,7 +115,7 @@ def _unpacked(upload: FileStorage | None, folder: Path) -> Path | None:
         return None
     folder.mkdir()
     try:
-        archive.extract(upload.stream, folder)
+        extract(upload.stream, folder, max_bytes=client().settings.max_source_bytes)
     except ArchiveError as exc:
         raise ApiError(400, f"source: {exc}") from None
     return folder
@@ -126,9 +125,12 @@ def _saved(uploads: list[FileStorage], folder: Path) -> list[Path]:
     folder.mkdir()
     saved = []
     for upload in uploads:
-        name = secure_filename(upload.filename or "")
-        if not name:
-            raise ApiError(400, f"inputs: {upload.filename!r} is not a usable file name")
+        # Refused, not renamed: the job would otherwise find its input under a name it was not given.
+        name = upload.filename or ""
+        try:
+            plain_name(name)
+        except ValueError as exc:
+            raise ApiError(400, f"inputs: {exc}") from None
         if (folder / name).exists():
             raise ApiError(400, f"inputs: two files are named {name!r}")
         upload.save(folder / name)

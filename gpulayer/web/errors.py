@@ -58,6 +58,11 @@ def install(app: Flask) -> None:
     def unreachable(exc: redis.exceptions.ConnectionError) -> tuple[Response, int]:
         return _answer(503, f"cannot reach Redis: {exc}")
 
+    @app.errorhandler(RecursionError)
+    def too_deep(exc: RecursionError) -> tuple[Response, int]:
+        # JSON nested thousands deep: Python's parser gives up, as should the request.
+        return _answer(400, "the request's JSON nests too deep to read")
+
     @app.errorhandler(Exception)
     def unexpected(exc: Exception) -> tuple[Response, int]:
         log.exception("unexpected error")

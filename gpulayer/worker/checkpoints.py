@@ -21,10 +21,11 @@ from pathlib import Path
 
 import redis.exceptions
 
-from ..archive import extract, folder_manifest
+from ..archive import folder_manifest
 from ..store.artifacts import ArtifactStore, MissingArtifact
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
+from ..unpacking import extract
 
 log = logging.getLogger("gpulayer.worker")
 #: The folder's name: the job folder's, with this in front.
@@ -69,7 +70,7 @@ class CheckpointKeeper:
                 return
             size = archive.tell()
             archive.seek(0)
-            extract(archive, self.folder)
+            extract(archive, self.folder, max_bytes=self._max_bytes)
         self._kept = self._signature()
         self._say(f"restored the checkpoint folder an earlier attempt kept ({format_size(size)})")
 

@@ -12,11 +12,11 @@ import threading
 import time
 from pathlib import Path
 
-from ..archive import extract
 from ..bundles import archive_digest
 from ..errors import UntrustedPayload
 from ..signing import SigningKey
 from ..store.artifacts import BUNDLE_TTL, ArtifactStore
+from ..unpacking import extract
 from .executors import ExecutorPool
 
 #: A file in every unpacked bundle folder, holding its digest.
@@ -31,8 +31,10 @@ class CodeBundles:
     """Bundles unpacked under ``root``, one folder per digest, shared by every worker of this machine
     that uses the same home. A folder appears whole or not at all (unpacked aside, then renamed)."""
 
-    def __init__(self, root: Path, artifacts: ArtifactStore) -> None:
+    def __init__(self, root: Path, artifacts: ArtifactStore, max_bytes: int) -> None:
         self._root = root
+        #: What a bundle may unpack to: the submitters' source cap.
+        self._max_bytes = max_bytes
         self._artifacts = artifacts
         self._lock = threading.Lock()
         #: When each bundle was last looked at: a folder in use is looked at (and touched) hourly.
@@ -62,10 +64,10 @@ class CodeBundles:
                 self._artifacts.get_bundle(digest, archive)
                 archive.seek(0)
                 # Its name is in the job's signature: only what the submitter shipped is unpacked.
-                if archive_digest(archive) != digest:
+                if archive_digest(archive, self._max_bytes) != digest:
                     raise UntrustedPayload("the code bundle is not the one the job was signed with")
                 archive.seek(0)
-                extract(archive, aside)
+                extract(archive, aside, max_bytes=self._max_bytes)
             _readable(aside)
             # Never empty, so another worker's rename cannot replace it under a running call (a
             # rename onto an empty folder succeeds; onto a full one it fails).

@@ -25,7 +25,7 @@ from typing import IO, Any, Literal, TypeVar
 import redis.exceptions
 from redis.client import Pipeline
 
-from ..archive import extract, pack_outputs
+from ..archive import pack_outputs
 from ..errors import ArchiveError, ArtifactTooLarge, UntrustedPayload
 from ..models import CHECKPOINT_VARIABLE, JobSpec, JobState, OutputSummary
 from ..payloads import CALL, ERROR, RESULT
@@ -42,6 +42,7 @@ from ..store.artifacts import (
 )
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
+from ..unpacking import extract
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .executors import Executor, Key
@@ -392,7 +393,8 @@ class JobRunner:
         for name in names:
             with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
                 check_file(self._files, name, self._persist(self._download, name, archive))
-                extract(archive, self._workdir)
+                # Inputs after the source, never over it: an input may not replace a source file.
+                extract(archive, self._workdir, max_bytes=self._settings.max_job_bytes)
 
     def _download(self, name: str, archive: IO[bytes]) -> str:
         # From the start on every try, so a download cut short by Redis leaves nothing behind.

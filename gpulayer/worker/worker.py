@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -202,7 +203,7 @@ class Worker(BaseWorker):
                 self.display_name,
             )
             return None
-        bundles = CodeBundles(self._bundles, self.artifacts)
+        bundles = CodeBundles(self._bundles, self.artifacts, settings.max_source_bytes)
         bundles.prune()
         return FunctionRuntime(keyring.result_key, bundles, ExecutorPool(processes, self.capacity))
 
@@ -537,19 +538,25 @@ class Worker(BaseWorker):
 
     def _shutdown(self) -> None:
         """Warm shutdown (first SIGTERM/SIGINT): take no new jobs; running ones finish."""
+        self._stop_requested = True
+        _aside(self._warm_shutdown)
+
+    def _warm_shutdown(self) -> None:
         log.info(
             "worker %s: finishing %d running job(s), then stopping; signal again to stop them now",
             self.display_name,
             len(self._runners),
         )
-        self._stop_requested = True
         self._wake.set()
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         """Cold shutdown (second signal): stop running jobs and give them back to their queues."""
+        self._stop_requested = True
+        _aside(self._cold_shutdown)
+
+    def _cold_shutdown(self) -> None:
         log.warning("worker %s: stopping now; running jobs go back to their queues", self.display_name)
         self._stop_all("requeue")
-        self._stop_requested = True
         self._wake.set()
 
     def teardown(self) -> None:
@@ -564,6 +571,13 @@ class Worker(BaseWorker):
         if self._context.functions is not None:
             self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+def _aside(work: Callable[[], None]) -> None:
+    """Run ``work`` in a thread of its own: a signal handler runs between two steps of the main
+    thread, which may be holding a lock ``work`` needs (the wake-up event's, the runners'), and would
+    wait on itself for ever."""
+    threading.Thread(target=work, name="gpulayer-shutdown", daemon=True).start()
 
 
 def _address_towards(connection: Redis) -> str:

@@ -19,6 +19,26 @@ local function display(rq_name)
   return string.sub(rq_name, #PREFIX + 1)
 end
 
+-- JSON a record holds, or ``default`` when it is missing or garbled: records can be written by
+-- anything that reaches Redis, and a script must not fail, losing what it was doing, on one of them.
+local function decoded(text, default)
+  if not text then
+    return default
+  end
+  local ok, value = pcall(cjson.decode, text)
+  if ok and type(value) == 'table' then
+    return value
+  end
+  return default
+end
+
+-- HINCRBY that counts a garbled field as 0 (a counter is rewritten, never an error); the new value.
+local function add(jobkey, field, by)
+  local value = math.floor(tonumber(redis.call('hget', jobkey, field)) or 0) + by
+  redis.call('hset', jobkey, field, value)
+  return value
+end
+
 -- Adds one observation (ms) to a histogram hash: a count in the first bucket it fits, 'sum' and 'count'.
 local function observe(hist, bounds, ms)
   local bucket = #bounds
@@ -56,10 +76,10 @@ local function set_state(id, jobkey, state)
   elseif state == 'running' then
     local now = now_ms()
     redis.call('hset', jobkey, 'gl_running_ms', now)
-    if v[3] then
+    if tonumber(v[3]) then
       observe(START_LATENCY, START_BUCKETS, now - tonumber(v[3]))
     end
-  elseif old == 'running' and v[4] then
+  elseif old == 'running' and tonumber(v[4]) then
     observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
   end
   redis.call('publish', EVENTS, cjson.encode({type = 'job', id = id, state = state}))
@@ -84,7 +104,7 @@ end
 -- Adds how the current attempt ended to the job's history (gl_attempts, a JSON list).
 local function record_attempt(jobkey, outcome, exit_code, reason, ended_at)
   local v = redis.call('hmget', jobkey, 'gl_attempt', 'worker_name', 'started_at', 'gl_attempts')
-  local attempts = v[4] and cjson.decode(v[4]) or {}
+  local attempts = decoded(v[4], {})
   attempts[#attempts + 1] = {
     attempt = tonumber(v[1]) or 0,
     worker = (v[2] and v[2] ~= '') and display(v[2]) or cjson.null,
@@ -110,7 +130,7 @@ local function release(id, jobkey)
     local usage = key(K.worker_usage, display(v[4]))
     -- Amounts stay strings: Lua numbers print large values in exponent form, which HINCRBY refuses.
     for field, amount in pairs({cpus = v[2], memory = v[3]}) do
-      if amount and amount ~= '0' then
+      if amount and string.match(amount, '^%d+$') and amount ~= '0' then
         redis.call('hincrby', usage, field, '-' .. amount)
       end
     end
@@ -122,7 +142,7 @@ end
 -- Takes a job off the worker that holds it: RQ's started registry, the worker's set, what it holds.
 local function detach(id, jobkey)
   local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'worker_name')
-  redis.call('zrem', key(K.started, v[1]), id .. ':' .. (v[2] or '0'))
+  redis.call('zrem', key(K.started, v[1] or ''), id .. ':' .. (v[2] or '0'))
   if v[3] and v[3] ~= '' then
     redis.call('srem', key(K.worker_jobs, display(v[3])), id)
   end
@@ -137,8 +157,8 @@ local function enqueue(id, jobkey)
     redis.call('zadd', GANGS, redis.call('zscore', JOBS, id) or 0, id)
     redis.call('publish', GANG_WAKE, id)
   else
-    redis.call('lpush', key(K.queue, v[1]), id)
-    redis.call('publish', key(K.wake, v[1]), id)
+    redis.call('lpush', key(K.queue, v[1] or ''), id)
+    redis.call('publish', key(K.wake, v[1] or ''), id)
   end
 end
 
@@ -164,7 +184,7 @@ local function use_retry(jobkey, kind)
   if used >= retries or (on ~= 'both' and on ~= kind) then
     return nil
   end
-  redis.call('hincrby', jobkey, 'gl_retried', 1)
+  add(jobkey, 'gl_retried', 1)
   return math.floor((tonumber(v[3]) or 0) * 1000 * 2 ^ used)
 end
 
@@ -173,6 +193,10 @@ end
 local function end_job(id, jobkey, state, ended_at)
   local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch')
   local retention = tonumber(v[2]) or RETENTION
+  -- Only a key of the kind it should name: a garbled field must not set a TTL on any other key.
+  if v[3] and string.sub(v[3], 1, #K.idempotency[1]) ~= K.idempotency[1] then
+    v[3] = nil
+  end
   if v[4] then
     local ended = key(K.ended, v[4])
     redis.call('rpush', ended, id)
@@ -183,7 +207,7 @@ local function end_job(id, jobkey, state, ended_at)
   redis.call('zrem', GANGS, id)
   set_state(id, jobkey, state)
   redis.call('hset', jobkey, 'ended_at', ended_at)
-  redis.call('zadd', key(K[RQ_STATUS[state]], v[1]), math.floor(now_ms() / 1000) + retention, id)
+  redis.call('zadd', key(K[RQ_STATUS[state]], v[1] or ''), math.floor(now_ms() / 1000) + retention, id)
   redis.call('xadd', key(K.done, id), '*', 'state', state)
   redis.call('del', key(K.inputs, id), key(K.checkpoint, id))
   for _, k in ipairs({jobkey, key(K.logs, id), key(K.done, id), key(K.outputs, id), v[3]}) do
@@ -195,7 +219,7 @@ end
 
 -- Asks the worker of every part of a gang job still scheduled or running to stop it (all but ``except``).
 local function stop_parts(jobkey, except)
-  for _, part in ipairs(cjson.decode(redis.call('hget', jobkey, 'gl_parts') or '[]')) do
+  for _, part in ipairs(decoded(redis.call('hget', jobkey, 'gl_parts'), {})) do
     local partkey = key(K.job, part.id)
     local v = redis.call('hmget', partkey, 'gl_state', 'worker_name')
     if part.id ~= except and (v[1] == 'scheduled' or v[1] == 'running') then
@@ -211,7 +235,7 @@ end
 -- exit as the job allows); or succeeded.
 local function gang_ends(id, jobkey, now_text)
   local v = redis.call('hmget', jobkey, 'gl_cancel', 'gl_failure', 'started_at', 'gl_attempt')
-  local failure = v[2] and cjson.decode(v[2])
+  local failure = decoded(v[2], nil)
   local function finish(state, outcome, exit_code, reason)
     record_attempt(jobkey, outcome, exit_code, reason, now_text)
     if exit_code then
@@ -232,7 +256,7 @@ local function gang_ends(id, jobkey, now_text)
   local started = v[3] and v[3] ~= ''
   if failure.outcome == 'returned' or failure.outcome == 'unstarted' or (lost and not started) then
     local reason = lost and not started and lost or failure.reason
-    local tries = failure.outcome == 'returned' and 0 or redis.call('hincrby', jobkey, 'gl_start_failures', 1)
+    local tries = failure.outcome == 'returned' and 0 or add(jobkey, 'gl_start_failures', 1)
     if tries >= GANG_START_TRIES then
       return finish('failed', 'failed', nil, 'could not start ' .. tries .. ' times: ' .. reason)
     end
@@ -295,7 +319,7 @@ local function part_ends(part, partkey, outcome, exit_code, reason, now_text)
       stop_parts(jobkey, part)
     end
   end
-  if redis.call('hincrby', jobkey, 'gl_left', -1) <= 0 then
+  if add(jobkey, 'gl_left', -1) <= 0 then
     gang_ends(id, jobkey, now_text)
   end
 end
@@ -325,4 +349,29 @@ local function lose(id, jobkey, reason, now_text)
   redis.call('hset', jobkey, 'gl_reason', 'worker lost')
   end_job(id, jobkey, 'failed', now_text)
   return 'failed'
+end
+
+-- Why a job's record cannot be run as it stands (a field a worker needs is missing or garbled), or
+-- nil when it can.
+local function unsound(jobkey)
+  local v = redis.call('hmget', jobkey, 'gl_attempt', 'gl_spec', 'origin', 'gl_nodes')
+  if not v[1] or not string.match(v[1], '^%d+$') then
+    return 'gl_attempt is not a whole number'
+  end
+  if not v[2] then
+    return 'it has no gl_spec'
+  end
+  if not v[3] then
+    return 'it has no origin'
+  end
+  if v[4] and not string.match(v[4], '^[1-9]%d*$') then
+    return 'gl_nodes is not a whole number'
+  end
+  return nil
+end
+
+-- Fails a job whose record cannot be run, saying why: it is neither lost nor run.
+local function spoil(id, jobkey, why, now_text)
+  redis.call('hset', jobkey, 'gl_reason', 'corrupt record: ' .. why)
+  end_job(id, jobkey, 'failed', now_text)
 end

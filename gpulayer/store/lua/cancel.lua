@@ -7,7 +7,7 @@
 local v = redis.call('hmget', KEYS[1], 'gl_state', 'origin', 'worker_name')
 local state = v[1]
 -- Job hashes are RQ's, shared by every installation on this Redis: only this one's jobs are found.
-if not state or string.sub(v[2], 1, #PREFIX) ~= PREFIX then
+if not state or string.sub(v[2] or '', 1, #PREFIX) ~= PREFIX then
   return 'missing'
 end
 if state == 'queued' then
@@ -22,7 +22,7 @@ if state == 'scheduled' or state == 'running' then
   if redis.call('hexists', KEYS[1], 'gl_parts') == 1 then
     stop_parts(KEYS[1], nil)
   else
-    redis.call('publish', key(K.pubsub, v[3]), cjson.encode({command = 'stop-job', job_id = ARGV[1]}))
+    redis.call('publish', key(K.pubsub, v[3] or ''), cjson.encode({command = 'stop-job', job_id = ARGV[1]}))
   end
   return 'requested'
 end

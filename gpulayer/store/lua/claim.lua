@@ -12,7 +12,8 @@
 -- Returns the number of gang jobs waiting for workers, then, for each claimed job: id, attempt, spec
 -- JSON, queue name, GPU indices ("0,2"), for a gang part "gang job id:node" (else ''), and the
 -- submitter's seal over the job (else '': the worker refuses it).
--- A queue whose next job does not fit now is passed over; ids whose job is gone or not queued are dropped.
+-- A queue whose next job does not fit now is passed over; ids whose job is gone or no longer queued are
+-- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker.
 local out = {redis.call('zcard', GANGS)}
 for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
   local v = redis.call('hmget', key(K.job, id), 'gl_state', 'worker_name', 'gl_attempt', 'gl_spec', 'origin',
@@ -61,7 +62,14 @@ for q = 7, #ARGV, 5 do
       break
     end
     local jobkey = key(K.job, id)
-    if redis.call('hget', jobkey, 'gl_state') == 'queued' then
+    local state = redis.call('hget', jobkey, 'gl_state')
+    local why = state == 'queued' and unsound(jobkey)
+    if state and not RQ_STATUS[state] then
+      why = 'gl_state is not a state'
+    end
+    if why then
+      spoil(id, jobkey, why, ARGV[3])
+    elseif state == 'queued' then
       local attempt = redis.call('hincrby', jobkey, 'gl_attempt', 1)
       for _, uuid in ipairs(free_uuids) do
         redis.call('set', key(K.gpu, uuid), id)

@@ -12,10 +12,15 @@
 -- ARGV[10..] per candidate worker, best first, four values: its RQ name, CPU slots, memory, and the
 --            GPUs a node may use there as "uuid=index,uuid=index" (best first)
 -- Returns {'placed', worker, ...} (the workers of nodes 0, 1, ...), {'held', worker, ...}, {'waiting'},
--- or {'gone'} when the job is no longer waiting.
+-- or {'gone'} when the job is no longer waiting (or its record cannot be run: it fails, saying why).
 local id, jobkey = ARGV[1], KEYS[1]
 local v = redis.call('hmget', jobkey, 'gl_state', 'gl_nodes', 'gl_attempt', 'gl_spec', 'origin', 'gl_seal')
 if v[1] ~= 'queued' or not redis.call('zscore', GANGS, id) then
+  return {'gone'}
+end
+local why = unsound(jobkey) or (not v[2] and 'it has no gl_nodes')
+if why then
+  spoil(id, jobkey, why, ARGV[2])
   return {'gone'}
 end
 if redis.call('exists', KEYS[2]) == 1 then

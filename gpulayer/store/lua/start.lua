@@ -18,7 +18,7 @@ if parent then
   if ARGV[5] ~= '' then
     redis.call('hset', jobkey, 'gl_master', ARGV[5])
   end
-  if redis.call('hincrby', jobkey, 'gl_running', 1) == tonumber(redis.call('hget', jobkey, 'gl_nodes')) then
+  if add(jobkey, 'gl_running', 1) == tonumber(redis.call('hget', jobkey, 'gl_nodes')) then
     set_state(parent, jobkey, 'running')
     redis.call('hset', jobkey, 'started_at', ARGV[4])
   end

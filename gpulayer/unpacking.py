@@ -1,0 +1,212 @@
+"""Unpacking an archive someone else made: the one way every archive is unpacked (a job's source and
+inputs on a worker, a code bundle, a checkpoint, outputs downloaded, a source folder uploaded to the
+HTTP API), whoever made it.
+
+Nothing is written until the whole archive has been read and found safe: every entry a plain file,
+folder or symbolic link, named inside the folder, no link leading out of it (followed through the
+archive's own links, as the kernel would), nothing written through a link, and the entries and
+their total size under the caps, counted from the headers (a small archive that would unpack to
+gigabytes is refused before one byte of it lands). Then it is unpacked entry by entry, each folder
+opened without following links, each file created without following one, so a folder that already
+held links cannot redirect a write either. It relies on no ``tarfile`` filter, so it holds on every
+Python (the ``data`` filter's link check could be bypassed before 3.11.13, 3.12.11 and 3.13.4:
+CVE-2025-4517).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import lzma
+import os
+import shutil
+import stat
+import tarfile
+import zlib
+from pathlib import Path, PurePosixPath
+from typing import IO
+
+from .errors import ArchiveError
+from .units import format_size
+
+#: Most entries (files, folders, links) an archive may hold.
+MAX_MEMBERS = 100_000
+#: A link may lead through at most this many links, as the kernel allows before ELOOP.
+_MAX_HOPS = 40
+#: The longest name of one path component, and of a whole path, most filesystems take.
+_NAME_MAX = 255
+_PATH_MAX = 4096
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+_UNSAFE = "unsafe archive entry: "
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What an archive holds, by path (as a tuple of components): each entry's kind, each link's target."""
+
+    kinds: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)
+    links: dict[tuple[str, ...], str] = dataclasses.field(default_factory=dict)
+    size: int = 0
+
+
+def extract(
+    archive: IO[bytes], dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS, replace: bool = False
+) -> list[Path]:
+    """Unpack ``archive`` (tar: plain, gzip, bzip2 or xz; seekable) into the folder ``dest``; the
+    regular files written. :class:`ArchiveError` with one line, having written nothing, if it is not
+    safe or holds more than ``max_members`` entries or ``max_bytes`` of files. ``replace``: an entry
+    may replace a file already in ``dest`` (outputs downloaded again); without it, it may not (an
+    input may not replace a source file)."""
+    try:
+        with tarfile.open(fileobj=archive, mode="r:*") as tar:
+            _check(_plan(tar, max_bytes, max_members))
+        archive.seek(0)
+        with tarfile.open(fileobj=archive, mode="r:*") as tar:
+            return _Writer(dest, replace).write_all(tar)
+    except tarfile.ReadError:
+        raise ArchiveError("not a tar archive (plain, gzip, bzip2 or xz) or cut short") from None
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as exc:
+        raise ArchiveError(f"not a valid archive: {' '.join(str(exc).split())}") from None
+
+
+def _parts(name: str) -> tuple[str, ...]:
+    """An entry's path as components, refused if it could land outside the folder."""
+    if "\0" in name:
+        raise ArchiveError(f"archive entry {name!r} holds a NUL byte")
+    path = PurePosixPath(name)
+    if path.is_absolute() or ".." in path.parts:
+        raise ArchiveError(f"archive entry {name!r} would land outside its folder")
+    if len(name.encode()) > _PATH_MAX or any(len(part.encode()) > _NAME_MAX for part in path.parts):
+        raise ArchiveError(f"archive entry {name[:80]!r}... has a name too long to write")
+    return path.parts
+
+
+def _plan(tar: tarfile.TarFile, max_bytes: int, max_members: int) -> _Plan:
+    """Every entry's kind, read from the headers alone, stopping at the first cap passed."""
+    plan = _Plan()
+    for count, member in enumerate(tar, start=1):
+        if count > max_members:
+            raise ArchiveError(f"the archive holds more than {max_members:,} entries")
+        parts = _parts(member.name)
+        if not parts:  # the folder itself ("." or "./")
+            continue
+        kind = "dir" if member.isdir() else "file" if member.isreg() else "link" if member.issym() else ""
+        if not kind:
+            what = "a hard link" if member.islnk() else "not a file, folder or link"
+            raise ArchiveError(f"archive entry {member.name!r} is {what}")
+        if parts in plan.kinds and (kind, plan.kinds[parts]) != ("dir", "dir"):
+            raise ArchiveError(f"archive entry {member.name!r} appears twice")
+        plan.kinds[parts] = kind
+        if kind == "link":
+            plan.links[parts] = member.linkname
+        plan.size += member.size if kind == "file" else 0
+        if plan.size > max_bytes:
+            raise ArchiveError(f"the archive unpacks to more than {format_size(max_bytes)}, the cap")
+    return plan
+
+
+def _check(plan: _Plan) -> None:
+    """No entry written through a link; no link that leads out of the folder."""
+    for parts in plan.kinds:
+        for end in range(1, len(parts)):
+            if parts[:end] in plan.links:
+                through = "/".join(parts[:end])
+                raise ArchiveError(f"{_UNSAFE}{'/'.join(parts)!r} is written through the link {through!r}")
+    for parts, target in plan.links.items():
+        if "\0" in target or PurePosixPath(target).is_absolute():
+            raise ArchiveError(f"{_UNSAFE}the link {'/'.join(parts)!r} points to an absolute path")
+        _follow(plan, list(parts[:-1]), target, parts)
+
+
+def _follow(plan: _Plan, where: list[str], target: str, link: tuple[str, ...], hops: int = 0) -> list[str]:
+    """Where ``target``, read in the folder ``where``, leads, following the archive's own links; an
+    :class:`ArchiveError` if it leaves the folder or goes through too many links."""
+    for part in PurePosixPath(target).parts:
+        if part == "..":
+            if not where:
+                raise ArchiveError(f"{_UNSAFE}the link {'/'.join(link)!r} leads out of its folder")
+            where.pop()
+            continue
+        where.append(part)
+        inner = plan.links.get(tuple(where))
+        if inner is not None:
+            if hops >= _MAX_HOPS:
+                raise ArchiveError(f"{_UNSAFE}the link {'/'.join(link)!r} goes through too many links")
+            if PurePosixPath(inner).is_absolute():
+                raise ArchiveError(f"{_UNSAFE}the link {'/'.join(link)!r} leads out of its folder")
+            where = _follow(plan, where[:-1], inner, link, hops + 1)
+    return where
+
+
+class _Writer:
+    """Writes entries under ``dest`` through folder descriptors opened without following links."""
+
+    def __init__(self, dest: Path, replace: bool) -> None:
+        self._dest = dest
+        self._replace = replace
+        self._folders: dict[tuple[str, ...], int] = {}
+
+    def write_all(self, tar: tarfile.TarFile) -> list[Path]:
+        written: list[Path] = []
+        try:
+            self._folders[()] = os.open(self._dest, _DIRECTORY)
+            for member in tar:
+                parts = _parts(member.name)
+                if not parts:
+                    continue
+                if member.isdir():
+                    self._folder(parts)
+                elif member.issym():
+                    self._link(parts, member.linkname)
+                else:
+                    source = tar.extractfile(member)
+                    assert source is not None, "a regular file has contents"
+                    self._file(parts, member, source)
+                    written.append(self._dest.joinpath(*parts))
+        except OSError as exc:
+            raise ArchiveError(f"cannot unpack into {self._dest}: {exc.strerror}") from None
+        finally:
+            for descriptor in self._folders.values():
+                os.close(descriptor)
+        return written
+
+    def _folder(self, parts: tuple[str, ...]) -> int:
+        """The descriptor of the folder ``parts``, made if missing; never a link."""
+        found = self._folders.get(parts)
+        if found is not None:
+            return found
+        parent = self._folder(parts[:-1])
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parts[-1], 0o755, dir_fd=parent)
+        try:
+            descriptor = os.open(parts[-1], _DIRECTORY, dir_fd=parent)
+        except OSError:
+            raise ArchiveError(f"{_UNSAFE}{'/'.join(parts)!r} is already there, and not a folder") from None
+        self._folders[parts] = descriptor
+        return descriptor
+
+    def _clear(self, parent: int, name: str, parts: tuple[str, ...]) -> None:
+        """Make room for an entry: only a file or link, only when replacing."""
+        try:
+            info = os.lstat(name, dir_fd=parent)
+        except FileNotFoundError:
+            return
+        if not self._replace or stat.S_ISDIR(info.st_mode):
+            raise ArchiveError(f"archive entry {'/'.join(parts)!r} would replace what is already there")
+        os.unlink(name, dir_fd=parent)
+
+    def _link(self, parts: tuple[str, ...], target: str) -> None:
+        parent = self._folder(parts[:-1])
+        self._clear(parent, parts[-1], parts)
+        os.symlink(target, parts[-1], dir_fd=parent)
+
+    def _file(self, parts: tuple[str, ...], member: tarfile.TarInfo, source: IO[bytes]) -> None:
+        parent = self._folder(parts[:-1])
+        self._clear(parent, parts[-1], parts)
+        # No setuid, setgid or sticky bit, nothing writable by others; always the owner's to read and write.
+        mode = (member.mode & 0o755) | 0o600
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        descriptor = os.open(parts[-1], flags, mode, dir_fd=parent)
+        with os.fdopen(descriptor, "wb") as target:
+            shutil.copyfileobj(source, target)
+            os.utime(target.fileno(), (member.mtime, member.mtime))
