@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from gpulayer import ArchiveError, ArtifactTooLarge, InputNotFound, SourceError
-from gpulayer.unpacking import extract
 from gpulayer.archive import (
     Manifest,
     inputs_manifest,
@@ -20,6 +19,7 @@ from gpulayer.archive import (
     pack_outputs,
     source_manifest,
 )
+from gpulayer.unpacking import extract
 
 BIG = 1 << 30
 
