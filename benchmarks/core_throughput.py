@@ -19,6 +19,7 @@ Workers log at WARNING on both sides, so the numbers measure the queue, not the 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 from pathlib import Path
@@ -83,6 +84,68 @@ def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[
     return {"submit_ms": submit_ms, "jobs_per_s": jobs / (last - first).total_seconds()}
 
 
+def gpulayer_end_to_end(url: str, home: Path, jobs: int) -> dict[str, float]:
+    """What a user's script sees: two workers already running (default slots), ``jobs`` submits
+    in a loop, then a wait on each."""
+    flush(url)
+    client = Client(url, settings=Settings(home=home))
+    env = {"GPULAYER_HOME": str(home)}
+    workers = [spawn(gpulayer_worker(url, f"e2e{i}", os.cpu_count() or 1), env=env) for i in range(2)]
+    while len(client.workers()) < 2:
+        time.sleep(0.01)
+    started = time.perf_counter()
+    handles = [client.submit(["true"]) for _ in range(jobs)]
+    submitted = time.perf_counter()
+    assert all(handle.wait(120).state is JobState.SUCCEEDED for handle in handles)
+    ended = time.perf_counter()
+    for worker in workers:
+        stop(worker)
+    client.close()
+    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
+
+
+def rq_end_to_end(url: str, jobs: int) -> dict[str, float]:
+    """The same with two RQ ``SimpleWorker`` processes, waiting on each job's result."""
+    flush(url)
+    connection = redis.Redis.from_url(url)
+    queue = Queue("bench", connection=connection)
+    workers = [spawn(rq_worker(url, "rq.worker.SimpleWorker")) for _ in range(2)]
+    from rq import Worker
+
+    while len(Worker.all(connection=connection)) < 2:
+        time.sleep(0.01)
+    started = time.perf_counter()
+    handles = [queue.enqueue(RQ_FUNCTION, "true") for _ in range(jobs)]
+    submitted = time.perf_counter()
+    assert all(handle.latest_result(timeout=120) is not None for handle in handles)
+    ended = time.perf_counter()
+    for worker in workers:
+        stop(worker)
+    connection.close()
+    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
+
+
+def dramatiq_end_to_end(url: str, jobs: int) -> dict[str, float] | None:
+    """The same with Dramatiq, 2 processes x 4 threads, waiting on each message's result; None
+    where Dramatiq is not installed (``pip install -r benchmarks/requirements.txt``)."""
+    if importlib.util.find_spec("dramatiq") is None:
+        return None
+    flush(url)
+    os.environ["BENCH_REDIS_URL"] = url
+    import dramatiq_tasks
+
+    command = [python(), "-m", "dramatiq", "dramatiq_tasks", "--processes", "2", "--threads", "4"]
+    workers = spawn(command, env={"BENCH_REDIS_URL": url})
+    time.sleep(5)  # Dramatiq's workers say nothing when ready: give them time to start.
+    started = time.perf_counter()
+    messages = [dramatiq_tasks.run_command.send("true") for _ in range(jobs)]
+    submitted = time.perf_counter()
+    assert all(message.get_result(block=True, timeout=120_000) == 0 for message in messages)
+    ended = time.perf_counter()
+    stop(workers)
+    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
+
+
 def gpulayer_latency(url: str, home: Path, runs: int) -> dict[str, float]:
     flush(url)
     client = Client(url, settings=Settings(home=home))
@@ -144,6 +207,11 @@ def main() -> None:
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     with private_installation() as (url, home):
+        end_to_end = {
+            "gpulayer": gpulayer_end_to_end(url, home, args.jobs),
+            "rq SimpleWorker": rq_end_to_end(url, args.jobs),
+            "dramatiq, 2 processes x 4 threads": dramatiq_end_to_end(url, args.jobs),
+        }
         runs = {
             f"gpulayer, 2 workers x {cores} slots": gpulayer_throughput(url, home, args.jobs, 2, cores),
             "gpulayer, 2 workers x 1 slot": gpulayer_throughput(url, home, args.jobs, 2, 1),
@@ -163,6 +231,14 @@ def main() -> None:
     for name, run in runs.items():
         print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} "
               f"{run['jobs_per_s'] / fork:9.2f}x {run['jobs_per_s'] / simple:11.2f}x")  # fmt: skip
+    print(f"\nend to end: two workers already running, {args.jobs} submits in a loop, then a wait on each")
+    peer = end_to_end["dramatiq, 2 processes x 4 threads"]
+    if peer is None:
+        print("(Dramatiq not installed: pip install -r benchmarks/requirements.txt)")
+    for name, run in end_to_end.items():
+        if run is not None:
+            ratio = f"{run['jobs_per_s'] / peer['jobs_per_s']:10.2f}x" if peer else ""
+            print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} {ratio}")
     print(f"\nsubmit -> start on an idle worker, {args.latency_runs} jobs one at a time:")
     for name, result in latency.items():
         print(f"{name:34} p50 {result['p50_ms']:6.2f} ms   p95 {result['p95_ms']:6.2f} ms")
@@ -170,7 +246,13 @@ def main() -> None:
     print(f"p99 {delay['p99_ms']:.2f} ms")
     path = save(
         "core_throughput",
-        {"jobs": args.jobs, "throughput": runs, "idle_latency": latency, "log_delay": delay},
+        {
+            "jobs": args.jobs,
+            "end_to_end": end_to_end,
+            "throughput": runs,
+            "idle_latency": latency,
+            "log_delay": delay,
+        },
     )
     print(f"\nsaved {path}")
 

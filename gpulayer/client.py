@@ -371,7 +371,11 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> JobRecord:
         """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
-        self.status()
+        done, record = self.client._jobs.peek_end(self.id)
+        if record is None:
+            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
+        if done:
+            return record
         self.client._wait(self.id, timeout)
         return self.status()
 

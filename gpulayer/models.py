@@ -66,7 +66,8 @@ class JobState(str, enum.Enum):
     """Where a job stands. ``queued → scheduled → running →`` one of the four ends."""
 
     QUEUED = "queued"
-    #: A worker took it and is fetching its files; its process has not started.
+    #: A worker took it and is fetching its files; its process has not started. (A command job with
+    #: no files to fetch goes on to ``running`` in the same step as its claim.)
     SCHEDULED = "scheduled"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -385,7 +385,9 @@ def test_a_worker_killed_mid_job_takes_its_ranks_with_it_and_the_gang_runs_again
         f'echo $$ > {pids}/$GPULAYER_ATTEMPT-$RANK; [ "$GPULAYER_ATTEMPT" = 1 ] && exec sleep 60; echo done'
     )
     job = client.submit(["sh", "-c", text], nodes=2, retry_delay=0)
-    wait_for(lambda: job.status().state is JobState.RUNNING and len(list(pids.iterdir())) == 2, what="ranks")
+    # Each rank's file exists before the shell has written its pid into it: wait for both pids.
+    written = lambda: [p for p in pids.iterdir() if p.read_text().strip()]  # noqa: E731
+    wait_for(lambda: job.status().state is JobState.RUNNING and len(written()) == 2, what="ranks")
     first_try = {p.name: int(p.read_text()) for p in pids.iterdir()}
     doomed_rank = next(part.node for part in job.status().parts if part.worker == "doomed")
     os.kill(doomed.pid, signal.SIGKILL)  # the worker alone: its rank must not run on unsupervised

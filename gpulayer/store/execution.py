@@ -43,6 +43,8 @@ class Claim:
     part: Part | None = None
     #: The submitter's seal over the job (the gang job's, for a part), as stored; empty if it has none.
     seal: bytes = b""
+    #: The claim marked it running too (it has no files to fetch first): no start to record.
+    started: bool = False
 
     @property
     def target(self) -> str:
@@ -123,8 +125,9 @@ class ExecutionStore:
                 tuple(int(index) for index in flat[i + 4].decode().split(",") if index),
                 _part(flat[i + 5].decode()),
                 flat[i + 6] or b"",
+                flat[i + 7] == b"1",
             )
-            for i in range(0, len(flat), 7)
+            for i in range(0, len(flat), 8)
         ], int(gangs)
 
     def queue_registry(self) -> dict[str, QueueSpec]:

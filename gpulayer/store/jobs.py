@@ -100,6 +100,10 @@ class JobStore:
         fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
         if spec.distributed:
             fields["gl_nodes"] = spec.distributed.nodes
+        if not (spec.source or spec.inputs or spec.function or spec.distributed):
+            # Nothing to fetch before its process starts: the claim marks it running itself, and
+            # the worker spares a round trip.
+            fields["gl_starts_at_claim"] = 1
         fields.update(extra)
         # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
         args: list[object] = [
@@ -131,7 +135,18 @@ class JobStore:
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
-        raw = cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id)))
+        return self._ours(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))
+
+    def peek_end(self, job_id: str) -> tuple[bool, JobRecord | None]:
+        """Whether the job has ended, and its record (None if there is none), in one round trip: what a
+        wait on a job that has already ended costs."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xread({self._keys.done(job_id): "0-0"}, count=1)
+        pipe.hgetall(self._keys.job(job_id))
+        done, raw = pipe.execute()
+        return bool(done), self._ours(job_id, raw)
+
+    def _ours(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
         if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode(errors="replace")):
             return None
         return self._record(job_id, raw)

@@ -193,7 +193,11 @@ class JobRunner:
             else None
         )
         announced = self._announce()
-        status, replies = self._persist(self._store.start, self.claim, read_call, announced)
+        status, replies = (
+            ("ok", [])
+            if self.claim.started
+            else self._persist(self._store.start, self.claim, read_call, announced)
+        )
         if status == "stale":
             log.warning(
                 "job %s: attempt %d is no longer this worker's; not starting it",

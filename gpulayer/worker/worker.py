@@ -47,7 +47,7 @@ from ..signing import Keyring, check_job
 from ..store.artifacts import RedisArtifactStore
 from ..store.execution import Claim, ExecutionStore
 from ..store.gangs import GangStore, Hold
-from ..store.jobs import JobStore
+from ..store.jobs import JobStore, parse_spec
 from ..store.keys import Keys
 from ..store.queues import QueueStore
 from ..store.scripts import Scripts
@@ -598,6 +598,6 @@ def _read_spec(raw: bytes | None) -> JobSpec:
     if len(raw) > MAX_SPEC_BYTES:
         raise ValueError(f"its spec is {len(raw)} bytes, over the {MAX_SPEC_BYTES} allowed")
     try:
-        return JobSpec.model_validate_json(raw)
+        return parse_spec(raw)  # parsed once for the many jobs of a loop or a map that share it
     except ValidationError as exc:
         raise ValueError(validation_message(exc)) from None

@@ -10,8 +10,9 @@
 -- ARGV[7..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
 --           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
 -- Returns the number of gang jobs waiting for workers, then, for each claimed job: id, attempt, spec
--- JSON, queue name, GPU indices ("0,2"), for a gang part "gang job id:node" (else ''), and the
--- submitter's seal over the job (else '': the worker refuses it).
+-- JSON, queue name, GPU indices ("0,2"), for a gang part "gang job id:node" (else ''), the
+-- submitter's seal over the job (else '': the worker refuses it), and '1' if the claim also marked
+-- it running (a job with no files to fetch first: gl_starts_at_claim), else ''.
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or no longer queued are
 -- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker.
 local out = {redis.call('zcard', GANGS)}
@@ -25,6 +26,7 @@ for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
     end
     out[#out + 1] = v[7] .. ':' .. v[8]
     out[#out + 1] = v[9] or ''
+    out[#out + 1] = ''
   end
 end
 if redis.call('exists', KEYS[5]) == 1 then
@@ -82,6 +84,11 @@ for q = 7, #ARGV, 5 do
       set_state(id, jobkey, 'scheduled')
       redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'gl_gpus', indices,
         'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3])
+      local started = redis.call('hget', jobkey, 'gl_starts_at_claim') == '1'
+      if started then
+        set_state(id, jobkey, 'running')
+        redis.call('hset', jobkey, 'started_at', ARGV[3])
+      end
       redis.call('sadd', KEYS[2], id)
       redis.call('zadd', LEASES, lease_until, id)
       redis.call('zadd', key(K.started, queue), '+inf', id .. ':' .. attempt)
@@ -93,6 +100,7 @@ for q = 7, #ARGV, 5 do
       out[#out + 1] = indices
       out[#out + 1] = ''
       out[#out + 1] = stored[2] or ''
+      out[#out + 1] = started and '1' or ''
       want = want - 1
     end
   end

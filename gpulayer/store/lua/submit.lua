@@ -34,10 +34,14 @@ if redis.call('hexists', KEYS[1], 'gl_nodes') == 1 then
   redis.call('publish', GANG_WAKE, ARGV[1])
   return {1, ARGV[1]}
 end
-redis.call('rpush', KEYS[2], ARGV[1])
+local waiting = redis.call('rpush', KEYS[2], ARGV[1])
 redis.call('sadd', RQ_QUEUES, KEYS[2])
 if redis.call('hsetnx', QUEUES, ARGV[3], ARGV[4]) == 1 then
   redis.call('publish', NEW_QUEUE, ARGV[3])
 end
-redis.call('publish', key(K.wake, ARGV[3]), ARGV[1])
+-- Only into an empty queue: jobs were already waiting, so its workers are awake or busy, and each
+-- claims again as a slot frees; waking them for every job of a burst would cost each a wasted claim.
+if waiting == 1 then
+  redis.call('publish', key(K.wake, ARGV[3]), ARGV[1])
+end
 return {1, ARGV[1]}
