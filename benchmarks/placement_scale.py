@@ -32,13 +32,18 @@ from _common import flush, private_redis, save
 from rq import Queue
 
 from gpulayer import Client, Settings
+from gpulayer.access import Access
 from gpulayer.resources import parse_fake_gpus
+from gpulayer.signing import Keyring
+from gpulayer.store.execution import ClaimRequest
 from gpulayer.worker import Worker
 
 MILESTONES = (1_000, 10_000, 100_000)
 WINDOW = 1_000
 CLAIMS = 200
 GiB = 2**30
+#: The keys jobs are signed and checked with, for this run.
+KEYS = Keyring.generate()
 MACHINES = [
     [("NVIDIA H100 80GB HBM3", 80)] * 8,
     [("NVIDIA A100-SXM4-40GB", 40)] * 4,
@@ -73,7 +78,7 @@ def register_fleet(connection: redis.Redis, settings: Settings, count: int) -> N
         gpus = parse_fake_gpus(json.dumps([{"name": n, "memory_gb": m} for n, m in kinds]), name)
         labels = {"zone": rng.choice(("eu", "us"))}
         Worker(
-            connection, settings, name=name, slots=8, memory=64 * GiB, gpus=gpus, labels=labels
+            connection, settings, keyring=KEYS, name=name, slots=8, memory=64 * GiB, gpus=gpus, labels=labels
         ).register_birth()
 
 
@@ -83,8 +88,8 @@ def claimer(connection: redis.Redis, settings: Settings) -> Worker:
     gpus = parse_fake_gpus(
         json.dumps([{"name": n, "memory_gb": m} for n, m in kinds for _ in range(2)]), "claimer"
     )
-    worker = Worker(connection, settings, name="claimer", slots=8, memory=64 * GiB, gpus=gpus,
-                    frameworks={"rq": "2.12.0"})  # fmt: skip
+    worker = Worker(connection, settings, keyring=KEYS, name="claimer", slots=8, memory=64 * GiB,
+                    gpus=gpus, frameworks={"rq": "2.12.0"})  # fmt: skip
     worker.register_birth()
     return worker
 
@@ -107,7 +112,7 @@ def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, di
     connection = redis.Redis.from_url(url)
     register_fleet(connection, settings, workers)
     worker = claimer(connection, settings)
-    client = Client(url, settings=settings)
+    client = Client(settings=settings, access=Access(role="admin", redis_url=url, keys=KEYS.as_texts()))
     sets = requirement_sets()
     results: dict[str, dict[str, float]] = {}
     queued = 0
@@ -119,7 +124,8 @@ def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, di
         spent = 0.0
         for _ in range(CLAIMS):
             started = time.perf_counter()
-            claimed, _ = worker.store.claim(worker._served.claim_order(), 1, 8, 64 * GiB, 60_000)
+            request = ClaimRequest(worker._served.claim_order(), 1, 8, 64 * GiB, 60_000)
+            claimed, _ = worker.store.claim(request)
             spent += time.perf_counter() - started
             assert len(claimed) == 1
             # Given back so the depth stays as measured; not timed.

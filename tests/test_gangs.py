@@ -19,7 +19,7 @@ from click.testing import Result
 
 import gpulayer as gl
 from gpulayer import Client, DistributedJob, JobState, Unschedulable
-from gpulayer.store.execution import ExecutionStore, QueueOffer
+from gpulayer.store.execution import ClaimRequest, ExecutionStore, QueueOffer
 from gpulayer.store.gangs import Candidate, GangStore, Hold, Waiting
 from gpulayer.store.jobs import parse_spec
 from gpulayer.store.keys import Keys
@@ -85,7 +85,7 @@ def occupy(client: Client, worker: str, cpus: int = 1) -> str:
         client.redis, client.keys, Scripts(client.redis, client.keys, client.settings), worker
     )
     queue = client.keys.queue_for(job.status().spec.queue)
-    claims, _ = store.claim([QueueOffer(queue, 0, cpus, 0)], 1, 2, 8 * GiB, 60_000)
+    claims, _ = store.claim(ClaimRequest([QueueOffer(queue, 0, cpus, 0)], 1, 2, 8 * GiB, 60_000))
     assert [claim.job_id for claim in claims] == [job.id]
     return job.id
 
@@ -157,7 +157,7 @@ def test_the_oldest_gang_job_holds_workers_once_it_has_waited_and_they_take_noth
         client.redis, client.keys, Scripts(client.redis, client.keys, client.settings), "w2"
     )
     queue = client.keys.queue_for(plain.status().spec.queue)
-    claims, waiting_gangs = store.claim([QueueOffer(queue, 0, 1, 0)], 1, 2, 8 * GiB, 60_000)
+    claims, waiting_gangs = store.claim(ClaimRequest([QueueOffer(queue, 0, 1, 0)], 1, 2, 8 * GiB, 60_000))
     assert (claims, waiting_gangs) == ([], 2)
     assert gangs.place(
         waiting(client, later.id), boxes("w1", "w2"), may_hold=True, hold=NOW, lease_ms=60_000

@@ -88,6 +88,21 @@ def gpu_list(gpus: Iterable[tuple[str, int]]) -> str:
     return ",".join(f"{uuid}={index}" for uuid, index in gpus)
 
 
+@dataclasses.dataclass(frozen=True)
+class ClaimRequest:
+    """What a claim asks for: see :meth:`ExecutionStore.claim`."""
+
+    queues: Sequence[QueueOffer]
+    limit: int
+    slots: int
+    memory: int
+    lease_ms: int
+
+
+#: Jobs a claim took, and how many gang jobs wait for workers.
+Claimed = tuple[list["Claim"], int]
+
+
 class ExecutionStore:
     def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker: str) -> None:
         self._redis = redis
@@ -99,12 +114,13 @@ class ExecutionStore:
         self._worker_key = keys.rq_worker(worker)
         self._usage_key = keys.worker_usage(worker)
 
-    def claim(
-        self, queues: Sequence[QueueOffer], limit: int, slots: int, memory: int, lease_ms: int
-    ) -> tuple[list[Claim], int]:
-        """Take the parts of gang jobs placed on this worker, and up to ``limit`` queued jobs that fit
-        in what is free of ``slots`` CPU slots, ``memory`` bytes and the GPUs, serving the queues in
-        the order given; each holds a lease of ``lease_ms``. With how many gang jobs wait for workers."""
+    def claim(self, request: ClaimRequest) -> Claimed:
+        """Take the parts of gang jobs placed on this worker, and up to ``request.limit`` queued jobs
+        that fit in what is free of its CPU slots, memory and GPUs, serving its queues in the order
+        given; each holds a lease of ``request.lease_ms``. With how many gang jobs wait for workers."""
+        return _claimed(self._scripts.run("claim", *self._claim_call(request)))
+
+    def _claim_call(self, request: ClaimRequest) -> tuple[list[str], list[object]]:
         keys = [
             self._keys.rq_suspended,
             self._jobs_key,
@@ -112,23 +128,17 @@ class ExecutionStore:
             self._keys.worker_gang(self.worker),
             self._keys.held(self.worker),
         ]
-        args: list[object] = [limit, self.rq_name, timestamp(), slots, memory, lease_ms]
-        for queue in queues:
+        args: list[object] = [
+            request.limit,
+            self.rq_name,
+            timestamp(),
+            request.slots,
+            request.memory,
+            request.lease_ms,
+        ]
+        for queue in request.queues:
             args.extend(queue.args())
-        gangs, *flat = self._scripts.run("claim", keys, args)
-        return [
-            Claim(
-                flat[i].decode(),
-                int(flat[i + 1]),
-                flat[i + 2],
-                flat[i + 3].decode(),
-                tuple(int(index) for index in flat[i + 4].decode().split(",") if index),
-                _part(flat[i + 5].decode()),
-                flat[i + 6] or b"",
-                flat[i + 7] == b"1",
-            )
-            for i in range(0, len(flat), 8)
-        ], int(gangs)
+        return keys, args
 
     def queue_registry(self) -> dict[str, QueueSpec]:
         """Every queue that has had a job, with what its jobs ask for."""
@@ -191,11 +201,13 @@ class ExecutionStore:
         outputs: OutputSummary | None,
         seconds: float,
         before: Callable[[Pipeline], object] | None = None,
-    ) -> Finished:
+        then: ClaimRequest | None = None,
+    ) -> tuple[Finished, Claimed | None]:
         """End the attempt: the job ends, or runs again (a retry on a non-zero exit), or, when the
         attempt no longer owns the job, nothing is written. ``before`` may queue the attempt's last
         staged outputs, to go in the same round trip. A part of a gang job ends the same way, and the
-        gang job decides (``unstarted``: the part could not start its ranks)."""
+        gang job decides (``unstarted``: the part could not start its ranks). ``then``: claim the next
+        jobs in the same round trip, once what this one held is free (what the claim took, else None)."""
         keys = [
             self._keys.job(claim.job_id),
             self._worker_key,
@@ -218,8 +230,13 @@ class ExecutionStore:
             if before is not None:
                 before(pipe)
             self._scripts.queue(pipe, "finish", keys, args)
+            if then is not None:
+                self._scripts.queue(pipe, "claim", *self._claim_call(then))
 
-        return _FINISHED[int(self._scripts.pipeline(build)[-1])]
+        replies = self._scripts.pipeline(build)
+        if then is None:
+            return _FINISHED[int(replies[-1])], None
+        return _FINISHED[int(replies[-2])], _claimed(replies[-1])
 
     def heartbeat(
         self, incarnation: str, ttl: int, lease_ms: int, running: Iterable[tuple[str, int]]
@@ -244,6 +261,24 @@ class ExecutionStore:
         worker (a retry is used, or the job fails); ``returned`` puts them back, no retry used."""
         args = [self.rq_name, mode, message, timestamp(), *job_ids]
         return int(self._scripts.run("requeue", [self._jobs_key], args))
+
+
+def _claimed(reply: list[Any]) -> Claimed:
+    """What claim.lua answers, as claims (eight values each, after the count of waiting gang jobs)."""
+    gangs, *flat = reply
+    return [
+        Claim(
+            flat[i].decode(),
+            int(flat[i + 1]),
+            flat[i + 2],
+            flat[i + 3].decode(),
+            tuple(int(index) for index in flat[i + 4].decode().split(",") if index),
+            _part(flat[i + 5].decode()),
+            flat[i + 6] or b"",
+            flat[i + 7] == b"1",
+        )
+        for i in range(0, len(flat), 8)
+    ], int(gangs)
 
 
 def _part(text: str) -> Part | None:

@@ -40,7 +40,7 @@ from ..store.artifacts import (
     MissingArtifact,
     small_files,
 )
-from ..store.execution import Claim, ExecutionStore
+from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from ..units import format_size
 from ..unpacking import extract
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
@@ -105,6 +105,10 @@ class Context:
     functions: FunctionRuntime | None = None
     #: Where other machines reach this one: rank 0 of a gang job listens there.
     address: str = "127.0.0.1"
+    #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
+    next_claim: Callable[[], ClaimRequest | None] = lambda: None
+    #: Where what that claim took goes (the worker starts it in turn).
+    took: Callable[[Claimed], None] = lambda claimed: None
 
 
 class JobRunner:
@@ -128,6 +132,8 @@ class JobRunner:
         self._lease_ttl = context.lease_ttl
         self._functions = context.functions
         self._address = context.address
+        self._next_claim = context.next_claim
+        self._took = context.took
         self._workdir = workdir
         self._base_env = base_env
         self._lock = threading.Lock()
@@ -552,7 +558,7 @@ class JobRunner:
 
     def _end(self, ending: Ending, seconds: float) -> None:
         state, reason = ending.state, ending.reason
-        finished = self._persist(
+        finished, claimed = self._persist(
             self._store.finish,
             self.claim,
             "unstarted" if ending.unstarted else state,
@@ -561,7 +567,10 @@ class JobRunner:
             outputs=ending.outputs,
             seconds=seconds,
             before=self._stage(ending.result) if ending.result else None,
+            then=self._next_claim(),
         )
+        if claimed is not None:
+            self._took(claimed)
         said = f"{state.value}{f': {reason}' if reason else ''} ({seconds:.3f} s)"
         if finished == "ended":
             log.info("job %s: %s", self.job_id, said)

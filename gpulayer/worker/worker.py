@@ -45,7 +45,7 @@ from ..server import address_towards
 from ..settings import Settings
 from ..signing import Keyring, check_job
 from ..store.artifacts import RedisArtifactStore
-from ..store.execution import Claim, ExecutionStore
+from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from ..store.gangs import GangStore, Hold
 from ..store.jobs import JobStore, parse_spec
 from ..store.keys import Keys
@@ -188,6 +188,8 @@ class Worker(BaseWorker):
             lease_ttl,
             self._functions(settings, processes, keyring),
             self.address,
+            self._next_claim,
+            self._took,
         )
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
@@ -370,7 +372,8 @@ class Worker(BaseWorker):
                 if self._place_now or (self._gangs and time.monotonic() >= self._next_placement):
                     self._place_gangs()
                 with self._lock:
-                    running = len(self._runners)
+                    # A job a runner claimed as it ended (see _next_claim) holds a slot already.
+                    running = len(self._runners) + len(self._claimed)
                     busy = sum(not runner.ending for runner in self._runners.values())
                 free = self.capacity - running
                 if free > 0 or self._parts:
@@ -378,18 +381,7 @@ class Worker(BaseWorker):
                         time.sleep(SPREAD_DELAY * busy / self.capacity)
                     self._submitted = self._parts = False
                     self._wake.clear()
-                    offer = self.offer
-                    claims, self._gangs = self.store.claim(
-                        self._served.claim_order(),
-                        max(free, 0),
-                        offer.slots,
-                        offer.memory,
-                        int(self.lease_ttl * 1000),
-                    )
-                    if claims and os.environ.get(FAULT_VARIABLE) == "exit-after-claim":
-                        os._exit(9)
-                    with self._lock:
-                        self._claimed.extend(claims)
+                    self._took(self.store.claim(self._claim_request(max(free, 0))))
                     backoff = 1.0
                     if self._claimed:
                         continue
@@ -417,6 +409,29 @@ class Worker(BaseWorker):
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.heartbeat_interval)
         return None
+
+    def _claim_request(self, limit: int) -> ClaimRequest:
+        offer = self.offer
+        return ClaimRequest(
+            self._served.claim_order(), limit, offer.slots, offer.memory, int(self.lease_ttl * 1000)
+        )
+
+    def _next_claim(self) -> ClaimRequest | None:
+        """What a runner claims as its job ends, in the same round trip: one job for its slot; none
+        once the worker is stopping."""
+        if self._stop_requested or (self._keeper and self._keeper.taken_over.is_set()):
+            return None
+        return self._claim_request(1)
+
+    def _took(self, claimed: Claimed) -> None:
+        """Jobs a claim took (the main loop's, or a runner's), to be started in turn."""
+        claims, self._gangs = claimed
+        if claims and os.environ.get(FAULT_VARIABLE) == "exit-after-claim":
+            os._exit(9)
+        if claims:
+            with self._lock:
+                self._claimed.extend(claims)
+            self._wake.set()
 
     def execute_job(self, job: Claim, queue: Queue) -> None:  # type: ignore[override]
         """Start the job in a free slot and return at once; a job that is not exactly what a submitter
