@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import resource
 import time
 from pathlib import Path
 
+import psutil
 import redis
 from _common import (
     flush,
@@ -86,22 +88,43 @@ def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[
 
 def gpulayer_end_to_end(url: str, home: Path, jobs: int) -> dict[str, float]:
     """What a user's script sees: two workers already running (default slots), ``jobs`` submits
-    in a loop, then a wait on each."""
+    in a loop, then a wait on each. With where the CPU went, per job: the workers, the jobs'
+    own processes (`true`: the spawn), Redis, and the client."""
     flush(url)
     client = Client(url, settings=Settings(home=home))
     env = {"GPULAYER_HOME": str(home)}
     workers = [spawn(gpulayer_worker(url, f"e2e{i}", os.cpu_count() or 1), env=env) for i in range(2)]
     while len(client.workers()) < 2:
         time.sleep(0.01)
+    meters = [psutil.Process(worker.pid) for worker in workers]
+    redis_server = next(p for p in psutil.Process().children() if p.name().startswith("redis-server"))
+    before = _cpu(meters, redis_server)
     started = time.perf_counter()
     handles = [client.submit(["true"]) for _ in range(jobs)]
     submitted = time.perf_counter()
     assert all(handle.wait(120).state is JobState.SUCCEEDED for handle in handles)
     ended = time.perf_counter()
+    spent = {part: (after - before[part]) / jobs * 1000 for part, after in _cpu(meters, redis_server).items()}
     for worker in workers:
         stop(worker)
     client.close()
-    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
+    return {
+        "submit_ms": (submitted - started) / jobs * 1000,
+        "jobs_per_s": jobs / (ended - started),
+        **{f"cpu_ms_{part}": value for part, value in spent.items()},
+    }
+
+
+def _cpu(workers: list[psutil.Process], redis_server: psutil.Process) -> dict[str, float]:
+    """CPU seconds so far: the workers', their jobs' (reaped children), Redis's, this process's."""
+    times = [worker.cpu_times() for worker in workers]
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "worker": sum(t.user + t.system for t in times),
+        "jobs": sum(t.children_user + t.children_system for t in times),
+        "redis": sum(redis_server.cpu_times()[:2]),
+        "client": me.ru_utime + me.ru_stime,
+    }
 
 
 def rq_end_to_end(url: str, jobs: int) -> dict[str, float]:
@@ -239,6 +262,12 @@ def main() -> None:
         if run is not None:
             ratio = f"{run['jobs_per_s'] / peer['jobs_per_s']:10.2f}x" if peer else ""
             print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} {ratio}")
+    ours = end_to_end["gpulayer"]
+    assert ours is not None
+    parts = ("worker", "jobs", "redis", "client")
+    print(
+        "GPUlayer's CPU per job (ms): " + ", ".join(f"{part} {ours[f'cpu_ms_{part}']:.2f}" for part in parts)
+    )
     print(f"\nsubmit -> start on an idle worker, {args.latency_runs} jobs one at a time:")
     for name, result in latency.items():
         print(f"{name:34} p50 {result['p50_ms']:6.2f} ms   p95 {result['p95_ms']:6.2f} ms")
