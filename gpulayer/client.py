@@ -7,6 +7,7 @@ import os
 import secrets
 import shlex
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -66,6 +67,8 @@ from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
 _SPOOL = 16 * 1024 * 1024
+#: The longest (ms) a wait on many jobs blocks on the first of them before it sweeps them all again.
+_TURN = 50
 
 
 class Client:
@@ -252,6 +255,41 @@ class Client:
         record = Job(self, job_id).status()
         if not record.state.is_terminal:
             raise WaitTimeout(f"job {job_id} is still {record.state.value} after {timeout:g} s")
+
+    def as_completed(self, jobs: Iterable[Job | str], timeout: float | None = None) -> Iterator[JobRecord]:
+        """Each job's record as it ends, those already ended first: one read of all their done
+        streams, and one of the ended ones' records, per turn, not a round trip per job.
+        :class:`JobNotFound` at once for one that does not exist; :class:`WaitTimeout` once
+        ``timeout`` seconds have passed with some still not ended."""
+        pending = list(dict.fromkeys(job.id if isinstance(job, Job) else job for job in jobs))
+        missing = [
+            job_id for job_id, record in zip(pending, self._jobs.get_many(pending), strict=True) if not record
+        ]
+        if missing:
+            raise JobNotFound(f"no job {missing[0]!r} (never submitted, or past its retention)")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            ended = self._jobs.ended_among(pending)
+            if not ended:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise WaitTimeout(f"{len(pending)} job(s) still not ended after {timeout:g} s")
+                # The first jobs of the list, which tend to end first; the rest are swept next turn.
+                block = _TURN if left is None else max(1, min(_TURN, int(left * 1000)))
+                self._jobs.ended_among(pending, block_ms=block)
+                continue
+            finished = set(ended)
+            pending = [job_id for job_id in pending if job_id not in finished]
+            for job_id, record in zip(ended, self._jobs.get_many(ended), strict=True):
+                if record is None:  # ended, then expired before it was read
+                    raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
+                yield record
+
+    def wait_all(self, jobs: Iterable[Job | str], timeout: float | None = None) -> list[JobRecord]:
+        """The records of all the jobs once each has ended, in the order given (see :meth:`as_completed`)."""
+        ids = [job.id if isinstance(job, Job) else job for job in jobs]
+        records = {record.id: record for record in self.as_completed(ids, timeout)}
+        return [records[job_id] for job_id in ids]
 
     def get(self, job_id: str) -> Job:
         """The job with this id; :class:`JobNotFound` if there is none."""

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
-from gpulayer import Client, JobState, OutputNotProduced
-from tests.conftest import Workers
+from gpulayer import Client, JobNotFound, JobState, OutputNotProduced, WaitTimeout
+from tests.conftest import WAIT, Workers
 
 PY = sys.executable
 
@@ -168,3 +169,30 @@ def test_jobs_lists_newest_first_and_filters_by_state(client: Client, workers: W
     assert [record.id for record in client.jobs(state="failed")] == [bad.id]
     assert [record.id for record in client.jobs(state=JobState.SUCCEEDED)] == [ok.id]
     assert client.jobs(state="running") == []
+
+
+def test_waiting_on_many_jobs_reads_their_ends_together_in_the_order_asked(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    workers.start("w1", 2)
+    jobs = [client.submit(["true"]) for _ in range(60)] + [client.submit(["sh", "-c", "exit 3"])]
+    records = client.wait_all(jobs, timeout=WAIT)
+    assert [record.id for record in records] == [job.id for job in jobs]
+    assert [record.state for record in records] == [JobState.SUCCEEDED] * 60 + [JobState.FAILED]
+    # All ended now: waiting again costs one read of their done streams, not one per job.
+    before = raw_redis.info("commandstats")["cmdstat_xread"]["calls"]
+    assert len(client.wait_all(jobs)) == 61
+    assert raw_redis.info("commandstats")["cmdstat_xread"]["calls"] - before == 1
+
+
+def test_as_completed_yields_each_job_as_it_ends_and_says_when_time_runs_out(
+    client: Client, workers: Workers
+) -> None:
+    workers.start("w1", 2)
+    slow, quick = client.submit(["sleep", "1"]), client.submit(["true"])
+    assert [record.id for record in client.as_completed([slow, quick], timeout=WAIT)] == [quick.id, slow.id]
+    stuck = client.submit(["sleep", "30"])
+    with pytest.raises(WaitTimeout, match=r"1 job\(s\) still not ended after 0\.3 s"):
+        list(client.as_completed([stuck], timeout=0.3))
+    with pytest.raises(JobNotFound):
+        client.wait_all(["ffffffffffff"])

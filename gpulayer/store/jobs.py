@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar, cast
 
@@ -23,6 +23,8 @@ from .scripts import Scripts
 
 #: Ended ids taken off a batch's list per round trip.
 _DRAIN = 1000
+#: Done streams one XREAD reads (of jobs being waited on together).
+_SWEEP = 500
 
 
 @functools.lru_cache(maxsize=256)
@@ -132,6 +134,22 @@ class JobStore:
         pipe.lpop(key, _DRAIN)
         first, rest = pipe.execute()
         return [raw.decode() for raw in ([first[1]] if first else []) + (rest or [])]
+
+    def ended_among(self, job_ids: Sequence[str], block_ms: int | None = None) -> list[str]:
+        """Those of ``job_ids`` whose job has ended, from their done streams read together (a pipeline
+        of one XREAD per :data:`_SWEEP` jobs). ``block_ms``: when none has, wait up to that long for
+        one of the first :data:`_SWEEP`."""
+        done = {self._keys.done(job_id): job_id for job_id in job_ids}
+        streams = list(done)
+        pipe = self._redis.pipeline(transaction=False)
+        chunks = [streams[:_SWEEP]] if block_ms is not None else _chunks(streams, _SWEEP)
+        for chunk in chunks:
+            pipe.xread(dict.fromkeys(chunk, "0-0"), count=1, block=block_ms)
+        return [
+            done[name.decode()]
+            for reply in pipe.execute()
+            for name, _ in cast(list[tuple[bytes, Any]], reply or [])
+        ]
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
@@ -305,3 +323,7 @@ def _parts(text: str) -> list[GangPart]:
         GangPart(node=node, worker=part["worker"], gpus=_indices(part["gpus"]))
         for node, part in enumerate(json.loads(text))
     ]
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[start : start + size] for start in range(0, len(items), size)]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 import redis.exceptions
 
 from ..store.execution import ExecutionStore
-from .runner import StopReason
+from .endings import StopReason
 
 log = logging.getLogger("gpulayer.worker")
 #: Seconds between runs of the reaper (at most; never less often than the heartbeat).

@@ -14,9 +14,10 @@ from ..payloads import CALL
 from ..server import free_port
 from ..store.execution import Part
 from . import ranks
+from .endings import Ending
 from .output import Tracked
 from .process import signal_tree
-from .runner import Ending, JobRunner, spawn_failure
+from .runner import JobRunner, spawn_failure
 
 
 class PartRunner(JobRunner):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import IO, Any, Literal, TypeVar
+from typing import IO, Any, TypeVar
 
 import redis.exceptions
 from redis.client import Pipeline
@@ -45,6 +45,7 @@ from ..units import format_size
 from ..unpacking import extract
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
+from .endings import Ending, StopReason
 from .executors import Executor, Key
 from .functions import FunctionRuntime
 from .output import Line, Tracked
@@ -61,8 +62,6 @@ from .process import (
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
 
-#: Why a job stops before its command ends by itself.
-StopReason = Literal["cancel", "timeout", "requeue", "stale"]
 #: The runner looks at the clock at least this often (s) while its process runs.
 _TICK = 0.25
 #: Seconds between tries of a Redis call while Redis cannot be reached.
@@ -74,21 +73,6 @@ CANCEL_GRACE = 0.5
 _DRAIN = 2.0
 # Spool archives in memory up to this size, on disk beyond.
 _SPOOL = 16 * 1024 * 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class Ending:
-    """How a job ended, as the worker records it."""
-
-    state: JobState
-    exit_code: int | None = None
-    reason: str | None = None
-    outputs: OutputSummary | None = None
-    #: A function's result or exception (its name in the outputs, and its pickle, which is signed for
-    #: the job and attempt as it is stored), stored with the end in one round trip.
-    result: tuple[str, bytes] | None = None
-    #: A part of a gang job that could not start its ranks: the gang job goes back to wait.
-    unstarted: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,44 +415,54 @@ class JobRunner:
                 wait = poll if polled and not any(one.streams for one in tracked) else _TICK
                 poll = min(poll * 2, _TICK)
                 lines: list[Line] = []
-                for key, _ in selector.select(wait):
-                    one, what = key.data
-                    if what == "reply":
-                        replied = True
-                    elif what == "exit":
-                        selector.unregister(key.fileobj)
-                        self._exited(one, tracked)
-                    elif not one.read(key.fd, what, lines, cap):
-                        selector.unregister(key.fileobj)
-                        one.streams -= 1
+                replied = self._select(selector, tracked, wait, lines, cap)
                 if replied:
                     self._drain(selector, lines, cap)
                 if lines and not self._persist(self._store.append_logs, self.claim, lines):
                     self.stop("stale")
-                for one in tracked:
-                    if one.notifier is None and one.exited_at is None and has_exited(one.pid):
-                        self._exited(one, tracked)
-                    if one.exited_at is not None and time.monotonic() - one.exited_at > _DRAIN:
-                        # Something that left the job's group still holds its output open; stop listening.
-                        one.streams = 0
+                self._look_for_exits(tracked)
                 kill_at = self._enforce(kill_at)
                 if self._checkpoints is not None:
                     self._checkpoints.tick()
         finally:
-            selector.close()
-            for one in tracked:
-                if one.notifier is not None:
-                    os.close(one.notifier)
-                if not replied:
-                    assert one.process.stdout is not None
-                    assert one.process.stderr is not None
-                    one.process.stdout.close()
-                    one.process.stderr.close()
+            _close(selector, tracked, streams=not replied)
         if replied:
             return False
         for one in tracked:
             one.returncode = self._processes.reap(one.process)
         return True
+
+    def _select(
+        self,
+        selector: selectors.BaseSelector,
+        tracked: list[Tracked],
+        wait: float,
+        lines: list[Line],
+        cap: int,
+    ) -> bool:
+        """Handle what is ready within ``wait`` seconds: output read into ``lines``, exits; whether
+        the executor replied."""
+        replied = False
+        for key, _ in selector.select(wait):
+            one, what = key.data
+            if what == "reply":
+                replied = True
+            elif what == "exit":
+                selector.unregister(key.fileobj)
+                self._exited(one, tracked)
+            elif not one.read(key.fd, what, lines, cap):
+                selector.unregister(key.fileobj)
+                one.streams -= 1
+        return replied
+
+    def _look_for_exits(self, tracked: list[Tracked]) -> None:
+        """Exits no pidfd announced, and output held open past the end by something that left the
+        job's group (no longer listened to)."""
+        for one in tracked:
+            if one.notifier is None and one.exited_at is None and has_exited(one.pid):
+                self._exited(one, tracked)
+            if one.exited_at is not None and time.monotonic() - one.exited_at > _DRAIN:
+                one.streams = 0
 
     def _exited(self, one: Tracked, tracked: list[Tracked]) -> None:
         """One process exited: what it left in its group dies with it (the leader is a zombie until
@@ -635,6 +629,20 @@ def _watch(tracked: list[Tracked], replies: Connection | None) -> selectors.Base
     if replies is not None:
         selector.register(replies.fileno(), selectors.EVENT_READ, (None, "reply"))
     return selector
+
+
+def _close(selector: selectors.BaseSelector, tracked: list[Tracked], *, streams: bool) -> None:
+    """Stop watching: the selector, each pidfd and (``streams``: not for an executor, which serves
+    the next job) each process's output."""
+    selector.close()
+    for one in tracked:
+        if one.notifier is not None:
+            os.close(one.notifier)
+        if streams:
+            assert one.process.stdout is not None
+            assert one.process.stderr is not None
+            one.process.stdout.close()
+            one.process.stderr.close()
 
 
 def _remove(folder: Path) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Literal
 
 import redis.exceptions
 from pydantic import ValidationError
@@ -53,6 +53,7 @@ from ..store.queues import QueueStore
 from ..store.scripts import Scripts
 from ..store.telemetry import TelemetryStore
 from ..store.workers import WorkerStore
+from .endings import StopReason
 from .executors import ExecutorPool
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
@@ -62,7 +63,7 @@ from .listener import Listener
 from .parts import PartRunner
 from .process import JobProcesses, become_subreaper, job_environment
 from .queues import ServedQueues
-from .runner import Context, JobRunner, StopReason
+from .runner import Context, JobRunner
 from .telemetry import TelemetryReporter
 
 log = logging.getLogger("gpulayer.worker")
@@ -371,37 +372,17 @@ class Worker(BaseWorker):
                     self._refresh_queues()
                 if self._place_now or (self._gangs and time.monotonic() >= self._next_placement):
                     self._place_gangs()
-                with self._lock:
-                    # A job a runner claimed as it ended (see _next_claim) holds a slot already.
-                    running = len(self._runners) + len(self._claimed)
-                    busy = sum(not runner.ending for runner in self._runners.values())
-                free = self.capacity - running
-                if free > 0 or self._parts:
-                    if self._submitted and busy and free > 0:
-                        time.sleep(SPREAD_DELAY * busy / self.capacity)
-                    self._submitted = self._parts = False
-                    self._wake.clear()
-                    self._took(self.store.claim(self._claim_request(max(free, 0))))
-                    backoff = 1.0
-                    if self._claimed:
-                        continue
-                    if timeout is None and free > 0:
-                        return None  # burst mode: the queues are empty
-                else:
-                    # Full: nothing to claim until a runner ends, which wakes this loop again. A
-                    # wake-up that came meanwhile (a submit) must not leave it spinning until then.
-                    self._wake.clear()
-                    with self._lock:
-                        if len(self._runners) < self.capacity:
-                            continue
+                outcome = self._try_claim()
+                backoff = 1.0
+                if outcome in ("took", "again"):
+                    continue
+                if outcome == "nothing" and timeout is None:
+                    return None  # burst mode: the queues are empty
                 if self._runners:
                     idle_since = time.monotonic()
                 elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                     return None
-                woken = self._wake.wait(POLL_INTERVAL)
-                if not woken and not self._runners and self.get_state() != WorkerStatus.IDLE:
-                    # Said after a quiet poll, not between two jobs, where it would cost a write each.
-                    self.set_state(WorkerStatus.IDLE)
+                self._idle()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 log.error(
                     "worker %s: cannot reach Redis (%s); retrying in %.0f s", self.display_name, exc, backoff
@@ -409,6 +390,36 @@ class Worker(BaseWorker):
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.heartbeat_interval)
         return None
+
+    def _try_claim(self) -> Literal["took", "nothing", "full", "again"]:
+        """Claim for the free slots (and any gang part placed here): it took jobs; it found nothing
+        to take; the slots are full; or a slot freed meanwhile (look again)."""
+        with self._lock:
+            # A job a runner claimed as it ended (see _next_claim) holds a slot already.
+            running = len(self._runners) + len(self._claimed)
+            busy = sum(not runner.ending for runner in self._runners.values())
+        free = self.capacity - running
+        if free <= 0 and not self._parts:
+            # Full: nothing to claim until a runner ends, which wakes this loop again. A wake-up
+            # that came meanwhile (a submit) must not leave it spinning until then.
+            self._wake.clear()
+            with self._lock:
+                return "again" if len(self._runners) < self.capacity else "full"
+        if self._submitted and busy and free > 0:
+            time.sleep(SPREAD_DELAY * busy / self.capacity)
+        self._submitted = self._parts = False
+        self._wake.clear()
+        self._took(self.store.claim(self._claim_request(max(free, 0))))
+        if self._claimed:
+            return "took"
+        return "nothing" if free > 0 else "full"
+
+    def _idle(self) -> None:
+        """Sleep until woken (a submit, a freed slot, a placed part) or a poll's interval passes."""
+        woken = self._wake.wait(POLL_INTERVAL)
+        if not woken and not self._runners and self.get_state() != WorkerStatus.IDLE:
+            # Said after a quiet poll, not between two jobs, where it would cost a write each.
+            self.set_state(WorkerStatus.IDLE)
 
     def _claim_request(self, limit: int) -> ClaimRequest:
         offer = self.offer
