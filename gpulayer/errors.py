@@ -18,7 +18,7 @@ The tree::
     ├── OutputNotProduced      a declared output was not produced by the job
     ├── Unschedulable          no connected worker could ever run the job
     ├── WaitTimeout            a wait ended before the job did
-    ├── UntrustedPayload       a pickle not signed with the installation's secret (never unpickled)
+    ├── UntrustedPayload       a job, file or result whose signature does not check (never run or unpickled)
     └── JobFailed              a remote function's job ended without a value
         ├── RemoteError        it raised an exception that cannot be rebuilt here
         ├── WorkerLost         its worker was lost, and no retry was left
@@ -108,7 +108,8 @@ class WaitTimeout(GpulayerError):
 
 
 class UntrustedPayload(GpulayerError):
-    """A payload was not signed with this installation's secret, so it was not unpickled."""
+    """A job, one of its files, or a function's result is not what this installation's keys signed
+    for it, so it was neither run nor unpickled."""
 
 
 class JobFailed(GpulayerError):
