@@ -33,6 +33,7 @@ from rq import Queue
 
 from gpulayer import Client, Settings
 from gpulayer.access import Access
+from gpulayer.inventory import Offer
 from gpulayer.resources import parse_fake_gpus
 from gpulayer.signing import Keyring
 from gpulayer.store.execution import ClaimRequest
@@ -78,7 +79,11 @@ def register_fleet(connection: redis.Redis, settings: Settings, count: int) -> N
         gpus = parse_fake_gpus(json.dumps([{"name": n, "memory_gb": m} for n, m in kinds]), name)
         labels = {"zone": rng.choice(("eu", "us"))}
         Worker(
-            connection, settings, keyring=KEYS, name=name, slots=8, memory=64 * GiB, gpus=gpus, labels=labels
+            connection,
+            settings,
+            keyring=KEYS,
+            name=name,
+            offer=Offer(slots=8, memory=64 * GiB, gpus=gpus, labels=labels),
         ).register_birth()
 
 
@@ -88,8 +93,8 @@ def claimer(connection: redis.Redis, settings: Settings) -> Worker:
     gpus = parse_fake_gpus(
         json.dumps([{"name": n, "memory_gb": m} for n, m in kinds for _ in range(2)]), "claimer"
     )
-    worker = Worker(connection, settings, keyring=KEYS, name="claimer", slots=8, memory=64 * GiB,
-                    gpus=gpus, frameworks={"rq": "2.12.0"})  # fmt: skip
+    offer = Offer(slots=8, memory=64 * GiB, gpus=gpus, frameworks={"rq": "2.12.0"})
+    worker = Worker(connection, settings, keyring=KEYS, name="claimer", offer=offer)
     worker.register_birth()
     return worker
 

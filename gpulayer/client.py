@@ -51,17 +51,11 @@ from .store.artifacts import (
     OUTPUTS_ARCHIVE,
     SOURCE_ARCHIVE,
     MissingArtifact,
-    RedisArtifactStore,
 )
 from .store.connection import connect, redact
-from .store.jobs import JobStore
-from .store.keys import Keys
-from .store.logs import LogStore
-from .store.queues import QueueStore
-from .store.scripts import Scripts
-from .store.telemetry import HISTORY, TelemetryStore
-from .store.tokens import BrowserSession, OpenedSession, TokenStore
-from .store.workers import WorkerStore
+from .store.stores import Stores
+from .store.telemetry import HISTORY
+from .store.tokens import BrowserSession, OpenedSession
 from .units import format_size
 from .unpacking import extract
 
@@ -87,17 +81,9 @@ class Client:
         self.access = access or accesses.resolve(redis_url or self.settings.redis_url, self.settings.home)
         self.redis_url = self.access.redis_url
         self.redis = connect(self.redis_url, ca=self.access.ca)
-        self.keys = Keys(self.settings.prefix)
-        keyring = self.access.keyring
-        scripts = Scripts(self.redis, self.keys, self.settings)
-        self._jobs = JobStore(self.redis, self.keys, scripts, self.settings, keyring)
-        self._logs = LogStore(self.redis, self.keys)
-        self._artifacts = RedisArtifactStore(self.redis, self.keys)
-        self._workers = WorkerStore(self.redis, self.keys)
-        self._queues = QueueStore(self.redis, self.keys)
-        self._tokens = TokenStore(self.redis, self.keys)
-        self._telemetry = TelemetryStore(self.redis, self.keys, self.settings.telemetry_interval)
-        self._calls = Calls(self.settings, self._jobs, self._artifacts, keyring)
+        self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
+        self.keys = self.stores.keys
+        self._calls = Calls(self.settings, self.stores.jobs, self.stores.artifacts, self.access.keyring)
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
@@ -200,17 +186,17 @@ class Client:
                     for archive_name, manifest in uploads
                     if manifest is not None
                 }
-                submitted = self._jobs.submit(job_id, spec, upload, files, idempotency_key)
+                submitted = self.stores.jobs.submit(job_id, spec, upload, files, idempotency_key)
             except BaseException:
                 if staged:
-                    self._artifacts.discard_inputs(job_id, upload)
+                    self.stores.artifacts.discard_inputs(job_id, upload)
                 raise
             if submitted == job_id:
                 return Job(self, job_id)
             # The id was taken (try another), or the idempotency key names an existing job: what
             # this submit staged goes.
             if staged:
-                self._artifacts.discard_inputs(job_id, upload)
+                self.stores.artifacts.discard_inputs(job_id, upload)
             if submitted is not None:
                 return Job(self, submitted)
 
@@ -219,7 +205,7 @@ class Client:
         with tempfile.SpooledTemporaryFile(_SPOOL) as file:
             manifest.write(file)
             file.seek(0)
-            return self._artifacts.put_inputs(job_id, upload, name, file)
+            return self.stores.artifacts.put_inputs(job_id, upload, name, file)
 
     def submit_calls(
         self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions | None = None
@@ -250,7 +236,7 @@ class Client:
     def _wait(self, job_id: str, timeout: float | None) -> None:
         """Block until the job ends; :class:`JobNotFound` if there is none, :class:`WaitTimeout`
         after ``timeout`` seconds."""
-        if self._jobs.wait_done(job_id, timeout):
+        if self.stores.jobs.wait_done(job_id, timeout):
             return
         record = Job(self, job_id).status()
         if not record.state.is_terminal:
@@ -262,25 +248,24 @@ class Client:
         :class:`JobNotFound` at once for one that does not exist; :class:`WaitTimeout` once
         ``timeout`` seconds have passed with some still not ended."""
         pending = list(dict.fromkeys(job.id if isinstance(job, Job) else job for job in jobs))
-        missing = [
-            job_id for job_id, record in zip(pending, self._jobs.get_many(pending), strict=True) if not record
-        ]
+        records = self.stores.jobs.get_many(pending)
+        missing = [job_id for job_id, record in zip(pending, records, strict=True) if not record]
         if missing:
             raise JobNotFound(f"no job {missing[0]!r} (never submitted, or past its retention)")
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
-            ended = self._jobs.ended_among(pending)
+            ended = self.stores.jobs.ended_among(pending)
             if not ended:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise WaitTimeout(f"{len(pending)} job(s) still not ended after {timeout:g} s")
                 # The first jobs of the list, which tend to end first; the rest are swept next turn.
                 block = _TURN if left is None else max(1, min(_TURN, int(left * 1000)))
-                self._jobs.ended_among(pending, block_ms=block)
+                self.stores.jobs.ended_among(pending, block_ms=block)
                 continue
             finished = set(ended)
             pending = [job_id for job_id in pending if job_id not in finished]
-            for job_id, record in zip(ended, self._jobs.get_many(ended), strict=True):
+            for job_id, record in zip(ended, self.stores.jobs.get_many(ended), strict=True):
                 if record is None:  # ended, then expired before it was read
                     raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
                 yield record
@@ -299,15 +284,15 @@ class Client:
 
     def jobs(self, state: JobState | str | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
         """The newest jobs first, all or in one state; ``offset`` skips that many (paging)."""
-        return self._jobs.list(JobState(state) if state else None, limit, offset)
+        return self.stores.jobs.list(JobState(state) if state else None, limit, offset)
 
     def job_counts(self) -> dict[JobState, int]:
         """How many jobs are in each state (ended ones until their retention)."""
-        return self._jobs.counts()
+        return self.stores.jobs.counts()
 
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
-        return self._workers.list()
+        return self.stores.workers.list()
 
     def telemetry(
         self, seconds: float = HISTORY, workers: Sequence[str] | None = None
@@ -315,11 +300,11 @@ class Client:
         """Each connected worker's (or each of ``workers``') telemetry samples (CPU, memory, GPUs)
         over the last ``seconds`` (Redis keeps an hour), oldest first, by worker name."""
         names = list(workers) if workers is not None else [worker.name for worker in self.workers()]
-        return self._telemetry.history(names, seconds)
+        return self.stores.telemetry.history(names, seconds)
 
     def activity(self, seconds: float = HISTORY) -> list[ActivitySample]:
         """Samples of the whole installation (jobs by state, queue depths) over the last ``seconds``."""
-        return self._telemetry.activity(seconds)
+        return self.stores.telemetry.activity(seconds)
 
     def histograms(self) -> dict[str, histograms.Histogram]:
         """The time jobs took from queued to running (``start_latency``), and how long they ran
@@ -331,49 +316,49 @@ class Client:
 
     def queues(self) -> tuple[list[QueueInfo], int]:
         """Every queue with how many jobs wait in it, and how many gang jobs wait for workers."""
-        return self._queues.list()
+        return self.stores.queues.list()
 
     def create_token(self, name: str, role: Role, expires_in: float | None = None) -> tuple[str, TokenInfo]:
         """A new API token for the HTTP API and dashboard: the token (shown once; only its hash is
         kept) and its record. ``expires_in`` seconds, or never. :class:`TokenError` if ``name`` is taken."""
-        return self._tokens.create(name, role, expires_in)
+        return self.stores.tokens.create(name, role, expires_in)
 
     def tokens(self) -> list[TokenInfo]:
         """The API tokens that still work, by name."""
-        return self._tokens.list()
+        return self.stores.tokens.list()
 
     def revoke_token(self, name: str) -> None:
         """Stop the token named ``name`` at once; :class:`TokenError` if there is none."""
-        if not self._tokens.revoke(name):
+        if not self.stores.tokens.revoke(name):
             raise TokenError(f"no token named {name!r}")
 
     def check_token(self, token: str) -> TokenInfo | None:
         """The record of ``token`` if it works (exists, not revoked, not expired), else None."""
-        return self._tokens.check(token)
+        return self.stores.tokens.check(token)
 
     def check_token_digest(self, digest: str) -> TokenInfo | None:
         """:meth:`check_token` by the token's SHA-256, as a browser session keeps it."""
-        return self._tokens.check_digest(digest)
+        return self.stores.tokens.check_digest(digest)
 
     def record_failed_login(self, address: str, window: int) -> int:
         """Count a failed login from ``address``; returns how many there were in the last ``window`` s."""
-        return self._tokens.failed_login(address, window)
+        return self.stores.tokens.failed_login(address, window)
 
     def failed_logins(self, address: str) -> int:
-        return self._tokens.login_failures(address)
+        return self.stores.tokens.login_failures(address)
 
     def open_session(self, token: str) -> OpenedSession | None:
         """A browser session for ``token`` (its cookie, shown only now), lasting until it is closed,
         a working day has passed, or the token expires; None if the token does not work."""
-        return self._tokens.open_session(token)
+        return self.stores.tokens.open_session(token)
 
     def session(self, cookie: str) -> BrowserSession | None:
         """The record of the browser session a cookie stands for, while it lasts, else None."""
-        return self._tokens.session(cookie)
+        return self.stores.tokens.session(cookie)
 
     def close_session(self, cookie: str) -> bool:
         """End a browser session at once; False if it had already ended."""
-        return self._tokens.close_session(cookie)
+        return self.stores.tokens.close_session(cookie)
 
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
@@ -402,14 +387,14 @@ class Job:
         return f"Job({self.id!r})"
 
     def status(self) -> JobRecord:
-        record = self.client._jobs.get(self.id)
+        record = self.client.stores.jobs.get(self.id)
         if record is None:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         return record
 
     def wait(self, timeout: float | None = None) -> JobRecord:
         """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
-        done, record = self.client._jobs.peek_end(self.id)
+        done, record = self.client.stores.jobs.peek_end(self.id)
         if record is None:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         if done:
@@ -421,14 +406,14 @@ class Job:
         """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends.
         ``rank``: of a gang job, only the lines that rank printed."""
         self.status()
-        lines = self.client._logs.lines(self.id, follow=follow)
+        lines = self.client.stores.logs.lines(self.id, follow=follow)
         return lines if rank is None else (line for line in lines if line.rank == rank)
 
     def log_page(self, after: str = "0-0", limit: int = 1000) -> list[tuple[str, LogLine]]:
         """Up to ``limit`` stored lines after the line with id ``after`` (``0-0``: from the first),
         each with its id: the cursor of the next page."""
         self.status()
-        return self.client._logs.page(self.id, after, limit)
+        return self.client.stores.logs.page(self.id, after, limit)
 
     def why(self) -> Plan:
         """For a queued job: where it would start now, or why each worker cannot run it."""
@@ -438,7 +423,7 @@ class Job:
     def cancel(self) -> bool:
         """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about
         a second. Returns False, changing nothing, if the job had already ended."""
-        outcome = self.client._jobs.cancel(self.id)
+        outcome = self.client.stores.jobs.cancel(self.id)
         if outcome == "missing":
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         return outcome in ("cancelled", "requested")
@@ -447,7 +432,7 @@ class Job:
         """Write the job's outputs, as the gzip-compressed tar archive it stored, to ``dest``;
         :class:`OutputNotProduced` if it stored none (or they expired)."""
         try:
-            self.client._artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
+            self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
         except MissingArtifact:
             raise OutputNotProduced(f"job {self.id} has no stored outputs") from None
 
@@ -468,7 +453,7 @@ class Job:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.SpooledTemporaryFile(_SPOOL) as file:
             try:
-                self.client._artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
+                self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
             except MissingArtifact:
                 raise OutputNotProduced(f"the outputs of job {self.id} have expired") from None
             file.seek(0)

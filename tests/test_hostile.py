@@ -241,7 +241,8 @@ def test_outputs_a_worker_replaced_with_a_hostile_archive_write_nothing_outside_
     assert job.wait(WAIT).state is JobState.SUCCEEDED
     # As anyone holding a worker's credentials could: the outputs are the worker's to store.
     raw_redis.delete(client.keys.outputs(job.id))
-    client._artifacts._put(client.keys.outputs(job.id), OUTPUTS_ARCHIVE, cve_2025_4517(box / "dest"), 3600)
+    archive = cve_2025_4517(box / "dest")
+    client.stores.artifacts._put(client.keys.outputs(job.id), OUTPUTS_ARCHIVE, archive, 3600)
     result = cli("outputs", job.id, "--dest", str(box / "dest"))
     assert result.exit_code == 1
     assert result.output.count("\n") == 1
@@ -256,9 +257,9 @@ def signed_inputs(client: Client) -> Callable[[io.BytesIO], str]:
 
     def submit(archive: io.BytesIO) -> str:
         job_id = os.urandom(6).hex()
-        digest = client._artifacts.put_inputs(job_id, "up", INPUTS_ARCHIVE, archive)
+        digest = client.stores.artifacts.put_inputs(job_id, "up", INPUTS_ARCHIVE, archive)
         spec = build_spec(command=["true"], inputs=["x"])
-        assert client._jobs.submit(job_id, spec, "up", {INPUTS_ARCHIVE: digest}) == job_id
+        assert client.stores.jobs.submit(job_id, spec, "up", {INPUTS_ARCHIVE: digest}) == job_id
         return job_id
 
     return submit
@@ -303,11 +304,10 @@ def test_an_input_may_not_replace_a_source_file(
         SOURCE_ARCHIVE: Builder("w:gz").file("run.sh", b"echo source\n").done(),
         INPUTS_ARCHIVE: Builder("w:gz").file("run.sh", b"echo input\n").done(),
     }
-    files = {
-        name: client._artifacts.put_inputs(source_id, "up", name, data) for name, data in archives.items()
-    }
+    artifacts = client.stores.artifacts
+    files = {name: artifacts.put_inputs(source_id, "up", name, data) for name, data in archives.items()}
     spec = build_spec(command=["sh", "run.sh"], source=True, inputs=["run.sh"])
-    assert client._jobs.submit(source_id, spec, "up", files) == source_id
+    assert client.stores.jobs.submit(source_id, spec, "up", files) == source_id
     record = client.get(source_id).wait(WAIT)
     assert (
         record.reason

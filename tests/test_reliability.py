@@ -233,9 +233,9 @@ def test_an_unsafe_archive_fails_the_job_with_a_clear_reason(
 ) -> None:
     # Signed by a submitter, so the worker opens it (an archive changed after submit is refused
     # unopened: see test_security.py).
-    digest = client._artifacts.put_inputs("a1a1a1a1a1a1", "up", INPUTS_ARCHIVE, forged_archive(member))
+    digest = client.stores.artifacts.put_inputs("a1a1a1a1a1a1", "up", INPUTS_ARCHIVE, forged_archive(member))
     spec = build_spec(command=["true"], inputs=["data.csv"])
-    assert client._jobs.submit("a1a1a1a1a1a1", spec, "up", {INPUTS_ARCHIVE: digest}) == "a1a1a1a1a1a1"
+    assert client.stores.jobs.submit("a1a1a1a1a1a1", spec, "up", {INPUTS_ARCHIVE: digest}) == "a1a1a1a1a1a1"
     workers.start()
     record = client.get("a1a1a1a1a1a1").wait(30)
     assert record.state is JobState.FAILED

@@ -353,7 +353,7 @@ def test_a_call_signed_with_another_installations_key_is_refused_unpickled(
     forger = JobStore(
         client.redis, client.keys, Scripts(client.redis, client.keys, client.settings), client.settings, other
     )
-    digest = client._artifacts.put_inputs("f0f0f0f0f0f0", "up", CALL, io.BytesIO(payload))
+    digest = client.stores.artifacts.put_inputs("f0f0f0f0f0f0", "up", CALL, io.BytesIO(payload))
     assert forger.submit("f0f0f0f0f0f0", spec, "up", {CALL: digest}) == "f0f0f0f0f0f0"
     record = client.get("f0f0f0f0f0f0").wait(WAIT)
     assert record.state is JobState.FAILED
@@ -373,7 +373,7 @@ def test_a_forged_result_is_refused_by_the_client(
     marker = tmp_path / "pwned"
     key = client.keys.outputs(handle.id)
     raw_redis.delete(key)
-    client._artifacts.put_outputs(handle.id, 0, RESULT, io.BytesIO(evil_payload(marker)))
+    client.stores.artifacts.put_outputs(handle.id, 0, RESULT, io.BytesIO(evil_payload(marker)))
     raw_redis.rename(client.keys.staged_outputs(handle.id, 0), key)
     with pytest.raises(gl.UntrustedPayload):
         handle.result()

@@ -14,6 +14,7 @@ import click
 
 from .. import access as accesses
 from .. import home as local
+from ..inventory import Offer
 from ..resources import detect
 from ..settings import Settings
 from ..store.connection import connect, redact
@@ -119,11 +120,13 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         settings,
         keyring=access.keyring,
         name=name,
-        slots=options["slots"] or found.cpus,
-        memory=found.memory,
-        gpus=found.gpus,
-        labels=options["labels"],
-        frameworks=found.frameworks,
+        offer=Offer(
+            slots=options["slots"] or found.cpus,
+            memory=found.memory,
+            gpus=found.gpus,
+            labels=options["labels"],
+            frameworks=found.frameworks,
+        ),
         workdir=options["workdir"],
         run_as=run_as,
         lease_ttl=options["lease_ttl"],

@@ -176,10 +176,26 @@ class ExecutionStore:
     def append_logs(self, claim: Claim, lines: Iterable[tuple[str, str, int | None]]) -> bool:
         """Store ``(stream, text, rank)`` lines (rank None but for a gang job's ranks); False, storing
         nothing, if the job is no longer this attempt's."""
+        return bool(self._scripts.run("append_logs", *self._log_call(claim, lines)))
+
+    def append_logs_of(self, batches: list[tuple[Claim, list[tuple[str, str, int | None]]]]) -> list[bool]:
+        """:meth:`append_logs` for several jobs in one round trip: whether each is still its attempt's."""
+        if len(batches) == 1:
+            return [self.append_logs(*batches[0])]
+
+        def build(pipe: Pipeline) -> None:
+            for claim, lines in batches:
+                self._scripts.queue(pipe, "append_logs", *self._log_call(claim, lines))
+
+        return [bool(reply) for reply in self._scripts.pipeline(build)]
+
+    def _log_call(
+        self, claim: Claim, lines: Iterable[tuple[str, str, int | None]]
+    ) -> tuple[list[str], list[object]]:
         args: list[object] = [claim.job_id, self.rq_name, claim.attempt]
         for stream, text, rank in lines:
             args.extend((stream, text, "" if rank is None else rank))
-        return bool(self._scripts.run("append_logs", [self._keys.job(claim.job_id)], args))
+        return [self._keys.job(claim.job_id)], args
 
     def keep_checkpoint(self, claim: Claim) -> bool:
         """Make the attempt's staged checkpoint archive the job's (a gang job's, for a part); False,

@@ -1,5 +1,5 @@
 """One node's part of a gang job on this worker: start its ranks together, follow them, and stop them
-all when one fails. Everything else — files, start, logs, leases, the end — is a job runner's.
+all when one fails. Everything else — files, start, logs, leases, the end — is the job lifecycle's.
 """
 
 from __future__ import annotations
@@ -8,154 +8,159 @@ import dataclasses
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..models import Distributed, JobState, OutputSummary
+from ..models import Distributed, JobState
 from ..payloads import CALL
 from ..server import free_port
 from ..store.execution import Part
 from . import ranks
+from .calling import reply_ending, runtime
 from .endings import Ending
+from .launches import Launch, spawn_failure
 from .output import Tracked
 from .process import signal_tree
-from .runner import JobRunner, spawn_failure
+
+if TYPE_CHECKING:
+    from .runner import JobRunner
 
 
-class PartRunner(JobRunner):
-    @property
-    def _part(self) -> Part:
-        assert self.claim.part is not None
-        return self.claim.part
+class PartLaunch(Launch):
+    # A function's ranks, too, are processes of the job's, in its folder: they leave their results
+    # there, and a remote Trainer's rank 0 saves checkpoints.
+    folder = True
 
-    @property
-    def _gang(self) -> Distributed:
-        assert self.spec.distributed is not None
-        return self.spec.distributed
+    def __init__(self, part: Part, gang: Distributed, worker: str, address: str) -> None:
+        self._part = part
+        self._gang = gang
+        self._worker = worker
+        #: Where other machines reach this one: rank 0 listens there.
+        self._address = address
 
-    @property
-    def _needs_folder(self) -> bool:
-        # A function's ranks leave their results there.
-        return True
-
-    @property
-    def _has_checkpoint_folder(self) -> bool:
-        # Every rank is a process of this job's, a function's too (a remote Trainer's rank 0 saves there).
-        return True
-
-    def _announce(self) -> str:
+    def announce(self, job: JobRunner) -> str:
         """Node 0 says where its rank 0 will listen as it starts."""
         # Free on every interface, as torchrun picks one: other machines connect to it.
         return f"{self._address}:{free_port('')}" if self._part.node == 0 else ""
 
-    def _system(self, line: str) -> None:
-        super()._system(f"node {self._part.node} ({self._store.worker}): {line}")
+    def label(self, line: str) -> str:
+        return f"node {self._part.node} ({self._worker}): {line}"
 
-    def _launch(self, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
+    def start(self, job: JobRunner, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
         """Start this node's ranks (or torchrun) and follow them; any rank failing stops the others.
         ``call``: each rank calls the function, in the code bundle's folder."""
-        master = announced or self._wait_for_master()
+        master = announced or self._wait_for_master(job)
         if not master:
-            if self._stop is not None:
-                return self._outcome(0, None, None)
+            if job.stopped is not None:
+                return job.outcome(0, None, None)
             reason = f"rank 0 did not start within {ranks.GANG_START_TIMEOUT:g} s"
-            self._system(reason)
+            job.system(reason)
             return Ending(JobState.FAILED, reason=reason, unstarted=True)
-        env = {**self._base_env, "PYTHONUNBUFFERED": "1", **env}
-        cwd, command = self._workdir, self.spec.command
+        env = {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
+        cwd, command = job.workdir, job.spec.command
         if call is not None:
-            prepared = self._prepare_call(call)
+            prepared = self._prepare_call(job, call)
             if isinstance(prepared, Ending):
                 return prepared
             cwd = prepared
-            command = ranks.call_command(self._workdir)
+            command = ranks.call_command(job.workdir)
+        tracked = self._spawn(job, self._plan(job, env, master, command), cwd)
+        if isinstance(tracked, Ending):
+            return tracked
+        ending = self._ranks_ending(job, tracked)
+        return self._call_result(job, ending) if call is not None and ending is not None else ending
+
+    def _plan(
+        self, job: JobRunner, env: dict[str, str], master: str, command: list[str]
+    ) -> list[tuple[int | None, list[str], dict[str, str]]]:
+        """Each process to start on this node: its rank (None for torchrun), command and environment."""
         gang, node = self._gang, self._part.node
-        first = node * gang.procs_per_node
         if gang.launcher == "torchrun":
-            argv = ranks.torchrun(gang, node, master, command, self._workdir / ".torchrun")
-            plan: list[tuple[int | None, list[str], dict[str, str]]] = [(None, argv, env)]
-        else:
-            devices = [device for device in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if device]
-            plan = [
-                (rank, command, {**env, **rank_env})
-                for rank, rank_env in ranks.direct(gang, node, master, devices, env)
-            ]
+            return [(None, ranks.torchrun(gang, node, master, command, job.workdir / ".torchrun"), env)]
+        devices = [device for device in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if device]
+        return [
+            (rank, command, {**env, **rank_env})
+            for rank, rank_env in ranks.direct(gang, node, master, devices, env)
+        ]
+
+    def _spawn(
+        self, job: JobRunner, plan: list[tuple[int | None, list[str], dict[str, str]]], cwd: Path
+    ) -> list[Tracked] | Ending:
+        """Start them all, or none: one that cannot start stops those started before it."""
+        first = self._part.node * self._gang.procs_per_node
         tracked: list[Tracked] = []
         for rank, argv, rank_env in plan:
             try:
-                process = self._processes.spawn(argv, cwd, rank_env, die_with_worker=True)
+                process = job.processes.spawn(argv, cwd, rank_env, die_with_worker=True)
             except OSError as exc:
                 for started in tracked:
                     signal_tree(started.pid, signal.SIGKILL)
-                    self._processes.reap(started.process)
+                    job.processes.reap(started.process)
                 code, reason = spawn_failure(argv[0], exc)
                 reason = f"rank {rank if rank is not None else first}: {reason}"
-                self._system(reason)
+                job.system(reason)
                 return Ending(JobState.FAILED, code, reason, unstarted=True)
             tracked.append(Tracked(process, rank=rank, torchrun_base=first if rank is None else None))
-        ending = self._command(tracked)
-        return self._call_result(ending) if call is not None and ending is not None else ending
+        return tracked
 
-    def _command(self, tracked: list[Tracked]) -> Ending | None:
-        """How the node's ranks ended: as the first that failed, named, if one did."""
-        ending = super()._command(tracked)
-        if ending is None or self._stop is not None:
+    def _ranks_ending(self, job: JobRunner, tracked: list[Tracked]) -> Ending | None:
+        """How the node's ranks ended: as the first that failed, named, if one did. Node 0's folder,
+        where rank 0 runs, holds the outputs."""
+        ending = job.command(tracked, outputs=self._part.node == 0)
+        if ending is None or job.stopped is not None:
             return ending
-        if self._failed is None:
+        if job.failed is None:
             # Several ranks: the first to fail was noted as it exited. One process (torchrun): here.
             failing = next((one for one in tracked if one.returncode), None)
             if failing is None:
                 return ending
-            self._failed = (failing.rank, failing.returncode or 0)
-        outcome = self._outcome(self._failed[1], ending.outputs, None)
-        return dataclasses.replace(outcome, reason=f"{self._failing()}: {outcome.reason}")
+            job.failed = (failing.rank, failing.returncode or 0)
+        outcome = job.outcome(job.failed[1], ending.outputs, None)
+        return dataclasses.replace(outcome, reason=f"{self._failing(job)}: {outcome.reason}")
 
-    def _failing(self) -> str:
+    def _failing(self, job: JobRunner) -> str:
         """Who failed first on this node: a rank, or torchrun (whose ranks it ran)."""
-        assert self._failed is not None
-        rank = self._failed[0]
+        assert job.failed is not None
+        rank = job.failed[0]
         return f"rank {rank}" if rank is not None else f"torchrun (node {self._part.node})"
 
-    def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
-        # Node 0's folder, where rank 0 runs, holds the outputs.
-        return super()._upload_outputs() if self._part.node == 0 else (None, None)
-
-    def _wait_for_master(self) -> str:
+    def _wait_for_master(self, job: JobRunner) -> str:
         """Where rank 0 listens, once node 0 has said it (polled: it is a matter of milliseconds when
         all goes well); '' if it does not within :data:`ranks.GANG_START_TIMEOUT` or the job stops."""
         deadline = time.monotonic() + ranks.GANG_START_TIMEOUT
         pause = 0.002
-        while self._stop is None and time.monotonic() < deadline:
-            master = self._persist(self._store.master, self.claim)
+        while job.stopped is None and time.monotonic() < deadline:
+            master = job.persist(job.context.store.master, job.claim)
             if master:
                 return master
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
         return ""
 
-    def _prepare_call(self, call: bytes) -> Path | Ending:
+    def _prepare_call(self, job: JobRunner, call: bytes) -> Path | Ending:
         """For ranks that call a function: the call written where they read it, and the folder they
         run in. Or how the job ends."""
-        function = self.spec.function
+        function = job.spec.function
         assert function is not None
-        functions = self._runtime()
+        functions = runtime(job)
         if isinstance(functions, Ending):
             return functions
-        with self._processes.reading():  # into the job's folder, which its user could fill with links
-            (self._workdir / CALL).write_bytes(call)
-        return self._persist(functions.bundles.folder, function.bundle)
+        with job.processes.reading():  # into the job's folder, which its user could fill with links
+            (job.workdir / CALL).write_bytes(call)
+        return job.persist(functions.bundles.folder, function.bundle)
 
-    def _call_result(self, ending: Ending) -> Ending:
+    def _call_result(self, job: JobRunner, ending: Ending) -> Ending:
         """A function's gang job ends with rank 0's value (stored by node 0), or with the exception
         of the rank that failed here."""
         found = None
-        with self._processes.reading():  # the ranks wrote them, as the job's user
+        with job.processes.reading():  # the ranks wrote them, as the job's user
             if ending.state is JobState.SUCCEEDED and self._part.node == 0:
-                found = ranks.call_result(self._workdir, 0)
+                found = ranks.call_result(job.workdir, 0)
             elif ending.state is JobState.FAILED:
-                found = ranks.call_result(self._workdir, self._failed[0] if self._failed else None)
+                found = ranks.call_result(job.workdir, job.failed[0] if job.failed else None)
         if found is None:
             return ending
-        reply = self._reply_ending(*found)
-        if reply.state is JobState.FAILED and self._failed is not None:
-            reason = f"{self._failing()}: {reply.reason}"
+        reply = reply_ending(job, *found)
+        if reply.state is JobState.FAILED and job.failed is not None:
+            reason = f"{self._failing(job)}: {reply.reason}"
             return dataclasses.replace(reply, exit_code=ending.exit_code, reason=reason)
         return reply

@@ -39,31 +39,30 @@ from rq.worker import BaseWorker, WorkerStatus
 
 from ..errors import ConfigError, UntrustedPayload
 from ..home import private_folder
-from ..inventory import GPU, Offer, WorkerInfo
+from ..inventory import Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
 from ..server import address_towards
 from ..settings import Settings
 from ..signing import Keyring, check_job
-from ..store.artifacts import RedisArtifactStore
-from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
-from ..store.gangs import GangStore, Hold
-from ..store.jobs import JobStore, parse_spec
-from ..store.keys import Keys
-from ..store.queues import QueueStore
-from ..store.scripts import Scripts
-from ..store.telemetry import TelemetryStore
-from ..store.workers import WorkerStore
+from ..store.execution import Claim, Claimed, ClaimRequest
+from ..store.gangs import Hold
+from ..store.jobs import parse_spec
+from ..store.stores import Stores
+from .calling import CallLaunch
 from .endings import StopReason
 from .executors import ExecutorPool
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
 from .identity import RunAs, job_area, private_to
+from .launches import CommandLaunch, Launch
 from .leases import LeaseKeeper
 from .listener import Listener
-from .parts import PartRunner
+from .output import Line
+from .parts import PartLaunch
 from .process import JobProcesses, become_subreaper, job_environment
 from .queues import ServedQueues
-from .runner import Context, JobRunner
+from .runner import Context, JobRunner, persist
+from .supervisor import Supervisor
 from .telemetry import TelemetryReporter
 
 log = logging.getLogger("gpulayer.worker")
@@ -95,8 +94,8 @@ HOLD_TTL_MS = 10_000
 
 
 class Worker(BaseWorker):
-    """Offers ``slots`` CPU slots, ``memory`` bytes and ``gpus`` to this installation's jobs, and runs
-    only those a submitter signed (checked with ``keyring``'s public job key)."""
+    """Offers ``offer`` (CPU slots, memory, GPUs, labels, frameworks) to this installation's jobs, and
+    runs only those a submitter signed (checked with ``keyring``'s public job key)."""
 
     def __init__(
         self,
@@ -105,30 +104,20 @@ class Worker(BaseWorker):
         *,
         keyring: Keyring,
         name: str,
-        slots: int,
-        memory: int,
-        gpus: list[GPU] | None = None,
-        labels: dict[str, str] | None = None,
-        frameworks: dict[str, str] | None = None,
+        offer: Offer,
         workdir: Path | None = None,
         run_as: RunAs | None = None,
         lease_ttl: float = LEASE_TTL,
         heartbeat: float = HEARTBEAT_INTERVAL,
         advertise_addr: str | None = None,
     ) -> None:
-        self.keys = Keys(settings.prefix)
+        self._stores = stores = Stores.open(connection, settings)
+        self.keys = stores.keys
         self._verifier = keyring.checker()
-        if not 0 < heartbeat < lease_ttl:
-            raise ConfigError(
-                f"the heartbeat ({heartbeat:g} s) must be shorter than the lease ({lease_ttl:g} s)"
-            )
-        self.lease_ttl = lease_ttl
-        self.heartbeat_interval = heartbeat
+        self.lease_ttl, self.heartbeat_interval = _timing(lease_ttl, heartbeat)
         self.settings = settings
         self.display_name = name
-        self.offer = Offer(
-            slots=slots, memory=memory, gpus=gpus or [], labels=labels or {}, frameworks=frameworks or {}
-        )
+        self.offer = offer
         self.incarnation = uuid.uuid4().hex
         super().__init__(
             queues=[],
@@ -137,21 +126,17 @@ class Worker(BaseWorker):
             worker_ttl=WORKER_TTL,
             maintenance_interval=MAINTENANCE_INTERVAL,
         )
-        me = WorkerInfo(
-            **self.offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state=""
+        self._served = ServedQueues(
+            WorkerInfo(**offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state="")
         )
-        self._served = ServedQueues(me)
         self._next_refresh = 0.0
         self._listener: Listener | None = None
+        self._keeper: LeaseKeeper | None = None
+        self._telemetry: TelemetryReporter | None = None
         self._submitted = False
-        scripts = Scripts(connection, self.keys, settings)
-        self.store = ExecutionStore(connection, self.keys, scripts, name)
+        self.store = stores.execution(name)
         self._placer = GangPlacer(
-            GangStore(connection, self.keys, scripts),
-            WorkerStore(connection, self.keys),
-            name=name,
-            hold=Hold(int(settings.gang_hold_after * 1000), HOLD_TTL_MS),
-            lease_ms=int(lease_ttl * 1000),
+            stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(lease_ttl * 1000)
         )
         #: Gang jobs waiting for workers, as last seen; set to place them at the next turn of the loop.
         self._gangs = 0
@@ -160,41 +145,39 @@ class Worker(BaseWorker):
         #: Set when a part of a gang job was placed on this worker: claim it even if full.
         self._parts = False
         self.address = advertise_addr or _address_towards(connection)
-        self.artifacts = RedisArtifactStore(connection, self.keys)
-        self._keeper: LeaseKeeper | None = None
-        self._telemetry_store = TelemetryStore(connection, self.keys, settings.telemetry_interval)
-        self._jobs = JobStore(connection, self.keys, scripts, settings)
-        self._queue_store = QueueStore(connection, self.keys)
-        self._telemetry: TelemetryReporter | None = None
-        # With run_as, job folders, bundles and the jobs' home are outside the worker's home, which
-        # the job user must not enter.
-        area = job_area(workdir, f"{settings.prefix}-{name}") if run_as else None
-        self.workdir = area or private_folder(workdir or settings.home / "work" / name)
-        self._bundles = area / "bundles" if area else private_folder(settings.home / "bundles")
-        if area:
-            self._bundles.mkdir(mode=0o755, exist_ok=True)  # the job user imports from it
         self._base_env = job_environment(os.environ)
         self._runners: dict[str, JobRunner] = {}
         self._claimed: deque[Claim] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
-        self.capacity = slots + len(self.offer.gpus)
-        processes = JobProcesses(run_as, private_to(run_as, area / "home") if run_as and area else None)
-        self._context = Context(
-            self.store,
-            self.artifacts,
-            settings,
-            processes,
-            lease_ttl,
-            self._functions(settings, processes, keyring),
-            self.address,
-            self._next_claim,
-            self._took,
-        )
+        self.capacity = offer.slots + len(offer.gpus)
+        self._context = self._make_context(keyring, workdir, run_as)
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
         become_subreaper()
+
+    def _make_context(self, keyring: Keyring, workdir: Path | None, run_as: RunAs | None) -> Context:
+        """What the runners share, with the folders jobs run in: with ``run_as``, job folders,
+        bundles and the jobs' home are outside the worker's home, which the job user must not enter."""
+        settings, name = self.settings, self.display_name
+        area = job_area(workdir, f"{settings.prefix}-{name}") if run_as else None
+        self.workdir = area or private_folder(workdir or settings.home / "work" / name)
+        self._bundles = area / "bundles" if area else private_folder(settings.home / "bundles")
+        if area:
+            self._bundles.mkdir(mode=0o755, exist_ok=True)  # the job user imports from it
+        processes = JobProcesses(run_as, private_to(run_as, area / "home") if run_as and area else None)
+        return Context(
+            self.store,
+            self._stores.artifacts,
+            settings,
+            processes,
+            Supervisor(self._write_logs),
+            self.lease_ttl,
+            self._functions(settings, processes, keyring),
+            self._next_claim,
+            self._took,
+        )
 
     def _functions(
         self, settings: Settings, processes: JobProcesses, keyring: Keyring
@@ -206,7 +189,7 @@ class Worker(BaseWorker):
                 self.display_name,
             )
             return None
-        bundles = CodeBundles(self._bundles, self.artifacts, settings.max_source_bytes)
+        bundles = CodeBundles(self._bundles, self._stores.artifacts, settings.max_source_bytes)
         bundles.prune()
         return FunctionRuntime(keyring.result_key, bundles, ExecutorPool(processes, self.capacity))
 
@@ -251,11 +234,11 @@ class Worker(BaseWorker):
             )
         self.connection.delete(self.key)
         super().register_birth()  # type: ignore[no-untyped-call]
-        self._telemetry_store.announce(self.display_name, "joined")
+        self._stores.telemetry.announce(self.display_name, "joined")
 
     def register_death(self) -> None:
         super().register_death()  # type: ignore[no-untyped-call]
-        self._telemetry_store.announce(self.display_name, "left")
+        self._stores.telemetry.announce(self.display_name, "left")
 
     def subscribe(self) -> None:
         """RQ's command channel (stop-job, shutdown), the channel new queues are announced on, and
@@ -275,7 +258,7 @@ class Worker(BaseWorker):
         )
         self._keeper.start()
         self._telemetry = TelemetryReporter(
-            self._telemetry_store, self.display_name, self.offer.gpus, self._busy_gpus, self._activity
+            self._stores.telemetry, self.display_name, self.offer.gpus, self._busy_gpus, self._activity
         )
         self._telemetry.start()
         self._refresh_queues()
@@ -301,10 +284,10 @@ class Worker(BaseWorker):
         return {index for claim in self._claims() for index in claim.gpus}
 
     def _activity(self) -> ActivitySample:
-        queues, gangs = self._queue_store.list()
+        queues, gangs = self._stores.queues.list()
         return ActivitySample(
             time=int(time.time() * 1000),
-            jobs=self._jobs.counts(),
+            jobs=self._stores.jobs.counts(),
             queues={queue.name: queue.depth for queue in queues},
             gangs_waiting=gangs,
         )
@@ -459,14 +442,26 @@ class Worker(BaseWorker):
             log.error("job %s: %s", job.job_id, reason)
             return
         folder = self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
-        kind = JobRunner if job.part is None else PartRunner
-        runner = kind(job, spec, files, self._context, folder, {**self._base_env, **self._gpu_env(job)})
+        env = {**self._base_env, **self._gpu_env(job)}
+        runner = JobRunner(job, spec, files, self._launch(job, spec), self._context, folder, env)
         with self._lock:
             self._runners[job.job_id] = runner
         if self.get_state() != WorkerStatus.BUSY:
             self.set_state(WorkerStatus.BUSY)
         log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
         self._pool.submit(self._run_in_slot, runner)
+
+    def _launch(self, job: Claim, spec: JobSpec) -> Launch:
+        if job.part is not None:
+            assert spec.distributed is not None, "only a gang job has parts"
+            return PartLaunch(job.part, spec.distributed, self.display_name, self.address)
+        return CallLaunch() if spec.function is not None else CommandLaunch()
+
+    def _write_logs(self, batches: list[tuple[Claim, list[Line]]]) -> list[bool]:
+        """The supervisor's log lines of all running jobs, in one round trip."""
+        return persist(
+            self.store.append_logs_of, batches, lease_ttl=self.lease_ttl, what=f"worker {self.display_name}"
+        )
 
     def _gpu_env(self, job: Claim) -> dict[str, str]:
         """The job sees exactly its reserved GPUs, numbered as nvidia-smi does; no GPU, no CUDA device."""
@@ -594,9 +589,22 @@ class Worker(BaseWorker):
             )
             self._claimed.clear()
         self._pool.shutdown(wait=True)
+        self._context.supervisor.close()
         if self._context.functions is not None:
             self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+def _timing(lease_ttl: float, heartbeat: float) -> tuple[float, float]:
+    """The lease and the heartbeat that renews it, checked."""
+    if not 0 < heartbeat < lease_ttl:
+        raise ConfigError(f"the heartbeat ({heartbeat:g} s) must be shorter than the lease ({lease_ttl:g} s)")
+    return lease_ttl, heartbeat
+
+
+def _hold(settings: Settings) -> Hold:
+    """How long a worker held for a gang job waits for the rest before it is let go (ms)."""
+    return Hold(int(settings.gang_hold_after * 1000), HOLD_TTL_MS)
 
 
 def _aside(work: Callable[[], None]) -> None:

@@ -1,0 +1,60 @@
+"""Every store of one installation over one Redis connection, built once: what a client and a worker
+share, so neither wires them by hand."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from redis import Redis
+
+from ..settings import Settings
+from ..signing import Keyring
+from .artifacts import RedisArtifactStore
+from .execution import ExecutionStore
+from .gangs import GangStore
+from .jobs import JobStore
+from .keys import Keys
+from .logs import LogStore
+from .queues import QueueStore
+from .scripts import Scripts
+from .telemetry import TelemetryStore
+from .tokens import TokenStore
+from .workers import WorkerStore
+
+
+@dataclasses.dataclass(frozen=True)
+class Stores:
+    redis: Redis
+    keys: Keys
+    scripts: Scripts
+    jobs: JobStore
+    logs: LogStore
+    artifacts: RedisArtifactStore
+    workers: WorkerStore
+    queues: QueueStore
+    tokens: TokenStore
+    telemetry: TelemetryStore
+    gangs: GangStore
+
+    @classmethod
+    def open(cls, redis: Redis, settings: Settings, keyring: Keyring | None = None) -> Stores:
+        """The stores of ``settings.prefix``'s installation; ``keyring`` signs what is submitted."""
+        keys = Keys(settings.prefix)
+        scripts = Scripts(redis, keys, settings)
+        return cls(
+            redis=redis,
+            keys=keys,
+            scripts=scripts,
+            jobs=JobStore(redis, keys, scripts, settings, keyring),
+            logs=LogStore(redis, keys),
+            artifacts=RedisArtifactStore(redis, keys),
+            workers=WorkerStore(redis, keys),
+            queues=QueueStore(redis, keys),
+            tokens=TokenStore(redis, keys),
+            telemetry=TelemetryStore(redis, keys, settings.telemetry_interval),
+            gangs=GangStore(redis, keys, scripts),
+        )
+
+    def execution(self, worker: str) -> ExecutionStore:
+        """What worker ``worker`` claims, runs and ends jobs through."""
+        return ExecutionStore(self.redis, self.keys, self.scripts, worker)

@@ -1,0 +1,109 @@
+"""The function-call protocol on the worker's side: a call goes to a warm executor for its code
+bundle, requirements and GPUs (or a new one), and its reply, or the executor's death, ends the job."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..models import JobSpec, JobState
+from ..payloads import ERROR, RESULT
+from ..units import format_size
+from .endings import Ending
+from .executors import Key
+from .functions import FunctionRuntime
+from .launches import Launch
+from .output import Tracked
+
+if TYPE_CHECKING:
+    from .runner import JobRunner
+
+
+class CallLaunch(Launch):
+    folder = False
+
+    def start(self, job: JobRunner, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
+        """Run the call in an executor: a warm one for this code and these GPUs, or a new one."""
+        function = job.spec.function
+        assert function is not None
+        assert call is not None
+        functions = runtime(job)
+        if isinstance(functions, Ending):
+            return functions
+        folder = job.persist(functions.bundles.folder, function.bundle)
+        key = executor_key(job.spec, job.base_env)
+        try:
+            if function.fresh_process:
+                executor = functions.executors.start(key, job.base_env, folder)
+            else:
+                executor = functions.executors.acquire(key, job.base_env, folder)
+        except OSError as exc:
+            reason = f"cannot start a Python process for the call: {exc.strerror}"
+            job.system(reason)
+            return Ending(JobState.FAILED, reason=reason)
+        with contextlib.suppress(BrokenPipeError):  # a dead executor shows as its exit, below
+            executor.send({"env": env}, call)
+        tracked = Tracked(executor.process)
+        watch = job.follow([tracked], executor.replies)
+        returncode = None if watch.replied else tracked.returncode
+        reply = None
+        if returncode is None:
+            try:
+                reply = executor.receive()
+            except (EOFError, OSError):
+                returncode = job.processes.reap(executor.process)
+        job.clean_up(executor if reply is not None and reply[0].get("children") else None)
+        keep = reply is not None and job.stopped is None and not function.fresh_process
+        functions.executors.release(executor, keep=keep)
+        if job.stopped in ("requeue", "stale"):
+            job.give_back()
+            return None
+        if reply is None or job.stopped is not None:
+            ending = job.outcome(returncode if returncode is not None else 1, None, None)
+            if ending.state is JobState.FAILED:
+                return dataclasses.replace(ending, reason=f"the call's Python process died ({ending.reason})")
+            return ending
+        return reply_ending(job, *reply)
+
+
+def runtime(job: JobRunner) -> FunctionRuntime | Ending:
+    """What runs function calls here; or how the job ends, on a worker without the key that signs
+    their results."""
+    functions = job.context.functions
+    if functions is None:
+        reason = (
+            "this worker holds no key to sign results with (its access is not a worker's), "
+            "so it cannot run function calls"
+        )
+        job.system(reason)
+        return Ending(JobState.FAILED, reason=reason)
+    return functions
+
+
+def executor_key(spec: JobSpec, base_env: Mapping[str, str]) -> Key:
+    """What a warm executor must match to run this job's call."""
+    function = spec.function
+    devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
+    return Key(function.bundle if function else "", spec.requirements.capability, devices)
+
+
+def reply_ending(job: JobRunner, header: dict[str, Any], payload: bytes) -> Ending:
+    """How the call ended, with what it returned (or raised) to store as its result."""
+    cap = job.context.settings.max_job_bytes
+    if len(payload) > cap:
+        reason = (
+            f"its result pickles to {format_size(len(payload))}, above the "
+            f"{format_size(cap)} cap (GPULAYER_MAX_JOB_BYTES on the worker)"
+        )
+        job.system(reason)
+        return Ending(JobState.FAILED, 1, reason)
+    if header["ok"]:
+        return Ending(JobState.SUCCEEDED, 0, result=(RESULT, payload))
+    return Ending(JobState.FAILED, 1, _one_line(header["error"]), result=(ERROR, payload))
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else text
+    return line if len(line) <= limit else line[: limit - 1] + "…"
