@@ -223,10 +223,31 @@ def log_delay(url: str, home: Path, lines: int = 100) -> dict[str, float]:
     return {"p50_ms": median(delays), "p99_ms": percentile(delays, 0.99)}
 
 
+def print_end_to_end(end_to_end: dict[str, dict[str, float] | None], jobs: int) -> None:
+    print(f"\nend to end: two workers already running, {jobs} submits in a loop, then a wait on each")
+    print(f"{'':34} {'submit ms/job':>13} {'jobs/s':>8} {'vs Dramatiq':>11}")
+    peer = end_to_end["dramatiq, 2 processes x 4 threads"]
+    if peer is None:
+        print("(Dramatiq not installed: pip install -r benchmarks/requirements.txt)")
+    for name, run in end_to_end.items():
+        if run is not None:
+            ratio = f"{run['jobs_per_s'] / peer['jobs_per_s']:10.2f}x" if peer else ""
+            print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} {ratio}")
+    ours = end_to_end["gpulayer"]
+    assert ours is not None
+    parts = ("worker", "jobs", "redis", "client")
+    print(
+        "GPUlayer's CPU per job (ms): " + ", ".join(f"{part} {ours[f'cpu_ms_{part}']:.2f}" for part in parts)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--latency-runs", type=int, default=50)
+    parser.add_argument(
+        "--end-to-end-only", action="store_true", help="only the end-to-end comparison; saves nothing"
+    )
     args = parser.parse_args()
     cores = os.cpu_count() or 1
     with private_installation() as (url, home):
@@ -235,6 +256,9 @@ def main() -> None:
             "rq SimpleWorker": rq_end_to_end(url, args.jobs),
             "dramatiq, 2 processes x 4 threads": dramatiq_end_to_end(url, args.jobs),
         }
+        if args.end_to_end_only:
+            print_end_to_end(end_to_end, args.jobs)
+            return
         runs = {
             f"gpulayer, 2 workers x {cores} slots": gpulayer_throughput(url, home, args.jobs, 2, cores),
             "gpulayer, 2 workers x 1 slot": gpulayer_throughput(url, home, args.jobs, 2, 1),
@@ -254,20 +278,7 @@ def main() -> None:
     for name, run in runs.items():
         print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} "
               f"{run['jobs_per_s'] / fork:9.2f}x {run['jobs_per_s'] / simple:11.2f}x")  # fmt: skip
-    print(f"\nend to end: two workers already running, {args.jobs} submits in a loop, then a wait on each")
-    peer = end_to_end["dramatiq, 2 processes x 4 threads"]
-    if peer is None:
-        print("(Dramatiq not installed: pip install -r benchmarks/requirements.txt)")
-    for name, run in end_to_end.items():
-        if run is not None:
-            ratio = f"{run['jobs_per_s'] / peer['jobs_per_s']:10.2f}x" if peer else ""
-            print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} {ratio}")
-    ours = end_to_end["gpulayer"]
-    assert ours is not None
-    parts = ("worker", "jobs", "redis", "client")
-    print(
-        "GPUlayer's CPU per job (ms): " + ", ".join(f"{part} {ours[f'cpu_ms_{part}']:.2f}" for part in parts)
-    )
+    print_end_to_end(end_to_end, args.jobs)
     print(f"\nsubmit -> start on an idle worker, {args.latency_runs} jobs one at a time:")
     for name, result in latency.items():
         print(f"{name:34} p50 {result['p50_ms']:6.2f} ms   p95 {result['p95_ms']:6.2f} ms")

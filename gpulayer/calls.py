@@ -4,6 +4,7 @@ many jobs at once, and turn each ending back into a value or an exception."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import itertools
 import pickle
@@ -189,14 +190,14 @@ class Calls:
         those whose id was taken (what was staged for them goes)."""
         upload = secrets.token_hex(4)
         positions: dict[int, int] = {}
+        files = {index: {CALL: hashlib.sha256(payloads[index]).hexdigest()} for index in ids}
+        seals = dict(zip(ids, self._jobs.seals([(ids[i], spec, files[i]) for i in ids]), strict=True))
 
         def build(pipe: Pipeline) -> None:
             for index, job_id in ids.items():
-                digest = self._artifacts.put_inputs(
-                    job_id, upload, CALL, io.BytesIO(payloads[index]), pipe=pipe
-                )
+                self._artifacts.put_inputs(job_id, upload, CALL, io.BytesIO(payloads[index]), pipe=pipe)
                 positions[index] = len(pipe)
-                self._jobs.queue_submit(pipe, job_id, spec, upload, {CALL: digest}, batch)
+                self._jobs.queue_submit(pipe, job_id, spec, upload, files[index], batch, seals[index])
 
         replies = self._jobs.pipeline(build)
         taken = [index for index, job_id in ids.items() if submitted(replies[positions[index]]) != job_id]

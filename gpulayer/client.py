@@ -32,6 +32,7 @@ from .models import (
     ActivitySample,
     Distributed,
     JobRecord,
+    JobSpec,
     JobState,
     Launcher,
     LogLine,
@@ -63,6 +64,8 @@ PathLike = str | os.PathLike[str]
 _SPOOL = 16 * 1024 * 1024
 #: The longest (ms) a wait on many jobs blocks on the first of them before it sweeps them all again.
 _TURN = 50
+#: :meth:`Client.submit_many` sends this many jobs per round trip, under one signature.
+SUBMIT_BATCH = 1000
 
 
 class Client:
@@ -134,42 +137,32 @@ class Client:
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
-        try:
-            argv = shlex.split(command) if isinstance(command, str) else list(command)
-        except ValueError as exc:  # an unclosed quote
-            raise InvalidJobSpec(f"invalid job: command: {exc}") from None
+        argv = _argv(command)
         source_files = (
             archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
         if source_files is not None:
             _no_input_over_the_source(source_files, input_files)
-        needs = validated(Requirements, requirements)
-        spec = build_spec(
-            command=argv,
-            env=dict(env or {}),
-            timeout=timeout,
-            name=name,
-            outputs=list(outputs),
+        spec = _spec(
+            argv,
             source=source_files is not None,
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
-            requirements=needs,
-            distributed=Distributed.of(needs, nodes, procs_per_node, launcher),
+            outputs=outputs,
+            env=env,
+            timeout=timeout,
+            name=name,
             priority=priority,
-            **{
-                field: value
-                for field, value in (
-                    ("retries", retries),
-                    ("retry_on", retry_on),
-                    ("retry_delay", retry_delay),
-                )
-                if value is not None
-            },
+            retries=retries,
+            retry_on=retry_on,
+            retry_delay=retry_delay,
+            nodes=nodes,
+            procs_per_node=procs_per_node,
+            launcher=launcher,
+            requirements=requirements,
         )
         if fail_if_unschedulable:
-            plan = self.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
-            if not plan.schedulable:
-                raise Unschedulable("no connected worker could ever run this job: " + _reasons_text(plan))
+            self._check_schedulable(spec)
         total = input_files.size + (source_files.size if source_files else 0)
         if total > self.settings.max_job_bytes:
             raise ArtifactTooLarge(
@@ -206,6 +199,67 @@ class Client:
             manifest.write(file)
             file.seek(0)
             return self.stores.artifacts.put_inputs(job_id, upload, name, file)
+
+    def submit_many(
+        self,
+        commands: Iterable[str | Sequence[str]],
+        *,
+        outputs: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        name: str | None = None,
+        priority: int = 0,
+        retries: int | None = None,
+        retry_on: RetryOn | None = None,
+        retry_delay: float | None = None,
+        fail_if_unschedulable: bool = False,
+        nodes: int | None = None,
+        procs_per_node: int | None = None,
+        launcher: Launcher | None = None,
+        **requirements: Any,
+    ) -> list[Job]:
+        """Queue one job per command, all with the same options (those of :meth:`submit`, without
+        files), :data:`SUBMIT_BATCH` per round trip and under one signature: many times faster than
+        a loop of submits. Every command is checked before anything is written."""
+        argvs = [_argv(command) for command in commands]
+        if not argvs:
+            return []
+        first = _spec(
+            argvs[0],
+            source=False,
+            inputs=[],
+            outputs=outputs,
+            env=env,
+            timeout=timeout,
+            name=name,
+            priority=priority,
+            retries=retries,
+            retry_on=retry_on,
+            retry_delay=retry_delay,
+            nodes=nodes,
+            procs_per_node=procs_per_node,
+            launcher=launcher,
+            requirements=requirements,
+        )
+        # One spec checked whole; the others differ from it only in their command.
+        specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
+        if fail_if_unschedulable:
+            self._check_schedulable(first)
+        ids: list[str | None] = [None] * len(specs)
+        for start in range(0, len(specs), SUBMIT_BATCH):
+            pending = list(range(start, min(start + SUBMIT_BATCH, len(specs))))
+            while pending:  # an id already in use: those jobs try again under new ones
+                batch = [(secrets.token_hex(6), specs[index]) for index in pending]
+                created = self.stores.jobs.submit_many(batch)
+                for index, job_id in zip(pending, created, strict=True):
+                    ids[index] = job_id
+                pending = [index for index, job_id in zip(pending, created, strict=True) if job_id is None]
+        return [Job(self, job_id) for job_id in ids if job_id is not None]
+
+    def _check_schedulable(self, spec: JobSpec) -> None:
+        plan = self.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
+        if not plan.schedulable:
+            raise Unschedulable("no connected worker could ever run this job: " + _reasons_text(plan))
 
     def submit_calls(
         self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions | None = None
@@ -461,6 +515,50 @@ class Job:
         if record.outputs.missing:
             raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
         return written
+
+
+def _argv(command: str | Sequence[str]) -> list[str]:
+    """A command as its arguments: a string is split as a shell would."""
+    try:
+        return shlex.split(command) if isinstance(command, str) else list(command)
+    except ValueError as exc:  # an unclosed quote
+        raise InvalidJobSpec(f"invalid job: command: {exc}") from None
+
+
+def _spec(
+    argv: list[str],
+    *,
+    source: bool,
+    inputs: list[str],
+    outputs: Iterable[str],
+    env: Mapping[str, str] | None,
+    timeout: float | None,
+    name: str | None,
+    priority: int,
+    retries: int | None,
+    retry_on: RetryOn | None,
+    retry_delay: float | None,
+    nodes: int | None,
+    procs_per_node: int | None,
+    launcher: Launcher | None,
+    requirements: dict[str, Any],
+) -> JobSpec:
+    """A job's spec from :meth:`Client.submit`'s arguments, checked (:class:`InvalidJobSpec`)."""
+    needs = validated(Requirements, requirements)
+    retry = {"retries": retries, "retry_on": retry_on, "retry_delay": retry_delay}
+    return build_spec(
+        command=argv,
+        env=dict(env or {}),
+        timeout=timeout,
+        name=name,
+        outputs=list(outputs),
+        source=source,
+        inputs=inputs,
+        requirements=needs,
+        distributed=Distributed.of(needs, nodes, procs_per_node, launcher),
+        priority=priority,
+        **{field: value for field, value in retry.items() if value is not None},
+    )
 
 
 def _no_input_over_the_source(source: archive.Manifest, inputs: archive.Manifest) -> None:

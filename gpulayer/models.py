@@ -12,7 +12,16 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import InvalidJobSpec
 from .requirements import DEFAULT, Requirements
@@ -167,13 +176,28 @@ class Distributed(BaseModel):
         return validated(cls, fields)
 
 
+def _command_not_blank(command: list[str]) -> list[str]:
+    if not command or not command[0].strip():
+        raise ValueError("the command is empty")
+    if any("\0" in arg for arg in command):
+        raise ValueError("the command holds a NUL byte")
+    return command
+
+
+#: A job's command: its arguments, run without a shell.
+Command = Annotated[
+    list[Annotated[str, Field(max_length=65536)]], Field(max_length=4096), AfterValidator(_command_not_blank)
+]
+_COMMAND: TypeAdapter[list[str]] = TypeAdapter(Command)
+
+
 class JobSpec(BaseModel):
     """What a job asks for: a command, or a call of a remote function. Stored with the job; the worker
     runs exactly this."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    command: list[Annotated[str, Field(max_length=65536)]] = Field(max_length=4096)
+    command: Command
     env: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = Field(default=None, gt=0)
     name: str | None = Field(default=None, min_length=1, max_length=200)
@@ -203,14 +227,13 @@ class JobSpec(BaseModel):
     def queue(self) -> QueueSpec:
         return QueueSpec(requirements=self.requirements, priority=self.priority)
 
-    @field_validator("command")
-    @classmethod
-    def _command_not_blank(cls, command: list[str]) -> list[str]:
-        if not command or not command[0].strip():
-            raise ValueError("the command is empty")
-        if any("\0" in arg for arg in command):
-            raise ValueError("the command holds a NUL byte")
-        return command
+    def with_command(self, command: list[str]) -> JobSpec:
+        """This spec with another command, checked as a spec's is (:class:`InvalidJobSpec`); the
+        whole spec's size is checked as it is stored."""
+        try:
+            return self.model_copy(update={"command": _COMMAND.validate_python(command)})
+        except ValidationError as exc:
+            raise InvalidJobSpec(f"invalid job: command: {validation_message(exc)}") from None
 
     @field_validator("env")
     @classmethod
@@ -274,10 +297,14 @@ def validated(model: type[M], fields: Mapping[str, object]) -> M:
         raise InvalidJobSpec(f"invalid job: {validation_message(exc)}") from None
 
 
+#: Why a spec over :data:`MAX_SPEC_BYTES` is refused.
+SPEC_TOO_LARGE = "invalid job: its description (command, environment, outputs) is over 1 MiB"
+
+
 def build_spec(**fields: object) -> JobSpec:
     spec = validated(JobSpec, fields)
     if len(spec.model_dump_json()) > MAX_SPEC_BYTES:
-        raise InvalidJobSpec("invalid job: its description (command, environment, outputs) is over 1 MiB")
+        raise InvalidJobSpec(SPEC_TOO_LARGE)
     return spec
 
 

@@ -18,7 +18,8 @@ import base64
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -30,6 +31,9 @@ _DOMAIN = b"gpulayer/1"
 #: Signed results start with this, then the signature, then the pickle.
 _RESULT_MAGIC = b"GLR1"
 _SIGNATURE_BYTES = 64
+_HASH_BYTES = 32
+#: How many checked batch roots a worker remembers.
+_VERIFIED = 4096
 Part = bytes | str | int
 
 
@@ -160,33 +164,109 @@ class Keyring:
 # --- jobs --------------------------------------------------------------------------------------------
 def seal_job(key: SigningKey, job_id: str, spec_json: str | bytes, files: Mapping[str, str]) -> str:
     """The seal stored with a job (``gl_seal``): a signature over its id, its spec exactly as stored,
-    and the SHA-256 of each file it carries (by archive name)."""
-    spec = spec_json.encode() if isinstance(spec_json, str) else spec_json
-    signature = key.sign("job", job_id, hashlib.sha256(spec).digest(), _files_text(files))
-    return json.dumps(
-        {"key": key.public.key_id, "files": dict(files), "sig": _encode_signature(signature)},
-        separators=(",", ":"),
-    )
+    and the SHA-256 of each file it carries (by archive name). A batch of one: see :func:`seal_jobs`."""
+    return seal_jobs(key, [(job_id, spec_json, files)])[0]
 
 
-def check_job(key: VerifyKey, job_id: str, spec_json: bytes, seal: bytes | None) -> dict[str, str]:
+def seal_jobs(key: SigningKey, jobs: Sequence[tuple[str, str | bytes, Mapping[str, str]]]) -> list[str]:
+    """The seals of many jobs (id, spec as stored, file digests) made with one signature: over the
+    root of a Merkle tree of the jobs, each seal carrying the path from its job to that root. A
+    worker checks one job with a few hashes and, once per batch, the signature."""
+    leaves = [_leaf(job_id, spec_json, files) for job_id, spec_json, files in jobs]
+    root, paths = _tree(leaves)
+    signature = _encode_signature(key.sign("jobs", root))
+    return [
+        json.dumps(
+            {"key": key.public.key_id, "files": dict(files), "sig": signature, "path": path},
+            separators=(",", ":"),
+        )
+        for (_, _, files), path in zip(jobs, paths, strict=True)
+    ]
+
+
+class Verified:
+    """Batch roots whose signature a worker has checked already, the latest :data:`_VERIFIED` of them."""
+
+    def __init__(self) -> None:
+        self._roots: OrderedDict[bytes, None] = OrderedDict()
+
+    def __contains__(self, root: object) -> bool:
+        if root in self._roots:
+            self._roots.move_to_end(root)  # type: ignore[arg-type]
+            return True
+        return False
+
+    def add(self, root: bytes) -> None:
+        self._roots[root] = None
+        if len(self._roots) > _VERIFIED:
+            self._roots.popitem(last=False)
+
+
+def check_job(
+    key: VerifyKey, job_id: str, spec_json: bytes, seal: bytes | None, verified: Verified | None = None
+) -> dict[str, str]:
     """The digests of the job's files, once its seal is found to be a submitter's over exactly this
-    job; else :class:`UntrustedPayload` with a one-line reason."""
+    job; else :class:`UntrustedPayload` with a one-line reason. ``verified``: roots (with their
+    signature) already checked, so a batch's signature is checked once."""
     if not seal:
         raise UntrustedPayload("the job is not signed")
     try:
         found = json.loads(seal)
         files, signature, key_id = found["files"], _decode_signature(found["sig"]), found["key"]
+        path = [(step[0], base64.b64decode(step[1:], validate=True)) for step in found["path"]]
         if not isinstance(files, dict) or not all(
             isinstance(name, str) and isinstance(digest, str) for name, digest in files.items()
         ):
             raise TypeError
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, IndexError):
         raise UntrustedPayload("the job's signature is garbled") from None
     if key_id != key.key_id:
         raise UntrustedPayload("the job is signed with another installation's key")
-    key.verify(signature, "job", job_id, hashlib.sha256(spec_json).digest(), _files_text(files))
+    node = _leaf(job_id, spec_json, files)
+    for side, sibling in path:
+        if side not in "LR" or len(sibling) != _HASH_BYTES:
+            raise UntrustedPayload("the job's signature is garbled")
+        node = _node(sibling, node) if side == "L" else _node(node, sibling)
+    checked = node + signature
+    if verified is None or checked not in verified:
+        try:
+            key.verify(signature, "jobs", node)
+        except UntrustedPayload:
+            raise UntrustedPayload("the job's signature does not match it") from None
+        if verified is not None:
+            verified.add(checked)
     return files
+
+
+def _leaf(job_id: str, spec_json: str | bytes, files: Mapping[str, str]) -> bytes:
+    """One job as a leaf of a batch's tree: what its signature covers (leaves and inner nodes are
+    hashed apart, so neither can pass for the other)."""
+    spec = spec_json.encode() if isinstance(spec_json, str) else spec_json
+    message = _message("job", (job_id, hashlib.sha256(spec).digest(), _files_text(files)))
+    return hashlib.sha256(b"\0" + message).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\1" + left + right).digest()
+
+
+def _tree(leaves: list[bytes]) -> tuple[bytes, list[list[str]]]:
+    """The root over ``leaves`` and each leaf's path to it: its siblings, level by level, each marked
+    L or R for the side it is on (the last node of an odd level goes up alone)."""
+    paths: list[list[str]] = [[] for _ in leaves]
+    at = list(range(len(leaves)))  # where each leaf's ancestor stands in the current level
+    level = leaves
+    while len(level) > 1:
+        for leaf, position in enumerate(at):
+            sibling = position ^ 1
+            if sibling < len(level):
+                side = "L" if sibling < position else "R"
+                paths[leaf].append(side + base64.b64encode(level[sibling]).decode())
+            at[leaf] = position // 2
+        level = [
+            _node(level[i], level[i + 1]) if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)
+        ]
+    return level[0], paths
 
 
 def check_file(files: Mapping[str, str], name: str, sha256: str) -> None:

@@ -168,6 +168,37 @@ def test_submit_validates_with_the_same_models_and_writes_nothing_when_refused(
     assert detail["reasons"] == [{"worker": None, "reason": "no workers are connected"}]
 
 
+def test_a_list_of_jobs_is_queued_together_or_refused_whole(
+    http: FlaskClient, tokens: dict[str, str], raw_redis: redis.Redis
+) -> None:
+    submitter = auth(tokens["submitter"])
+    before = raw_redis.dbsize()
+    for body, message in (
+        ([], "a list of jobs holds 1 to 10000 of them"),
+        (
+            [{"command": ["true"]}, {"command": ["true"], "priority": 2}],
+            "the jobs of a list must differ only",
+        ),
+        ([{"command": ["true"]}, {"command": [""]}], "invalid job: command: the command is empty"),
+        ([{"command": ["true"], "idempotency_key": "k"}], "a list of jobs takes no idempotency_key"),
+        ([{"command": ["true"]}, {"colour": "red"}], "invalid request: command: Field required"),
+    ):
+        answer = http.post("/api/v1/jobs", json=body, headers=submitter)
+        assert answer.status_code == 400, answer.json
+        assert answer.json is not None
+        assert answer.json["error"].startswith(message), answer.json
+    assert raw_redis.dbsize() == before
+    body = [{"command": ["echo", str(index)], "requirements": {"cpus": 2}} for index in range(5)]
+    created = http.post("/api/v1/jobs", json=body, headers=submitter)
+    assert created.status_code == 201
+    assert created.json is not None
+    viewer = auth(tokens["viewer"])
+    details = [http.get(f"/api/v1/jobs/{job_id}", headers=viewer).json for job_id in created.json["ids"]]
+    assert [(detail["command"], detail["spec"]["requirements"]["cpus"]) for detail in details] == [
+        (["echo", str(index)], 2) for index in range(5)
+    ]
+
+
 def test_a_missing_job_is_404_and_cancelling_an_ended_one_is_409(
     client: Client, http: FlaskClient, tokens: dict[str, str]
 ) -> None:

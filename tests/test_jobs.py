@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from gpulayer import Client, JobNotFound, JobState, OutputNotProduced, WaitTimeout
+from gpulayer.errors import InvalidJobSpec
 from tests.conftest import WAIT, Workers
 
 PY = sys.executable
@@ -196,3 +197,25 @@ def test_as_completed_yields_each_job_as_it_ends_and_says_when_time_runs_out(
         list(client.as_completed([stuck], timeout=0.3))
     with pytest.raises(JobNotFound):
         client.wait_all(["ffffffffffff"])
+
+
+def test_submit_many_queues_every_command_once_and_in_order(client: Client, workers: Workers) -> None:
+    jobs = client.submit_many([["echo", str(index)] for index in range(40)], env={"X": "1"}, retries=0)
+    assert len({job.id for job in jobs}) == 40
+    # Listed newest first, in the order they were given.
+    assert [record.id for record in client.jobs(limit=40)] == [job.id for job in reversed(jobs)]
+    workers.start("w1", 2)
+    records = {record.id: record for record in client.wait_all(jobs, timeout=WAIT)}
+    for index, job in enumerate(jobs):
+        assert records[job.id].state is JobState.SUCCEEDED
+        assert records[job.id].spec.env == {"X": "1"}
+        assert [line.text for line in job.logs()] == [str(index)]
+
+
+def test_submit_many_checks_every_command_before_it_writes_anything(client: Client) -> None:
+    with pytest.raises(InvalidJobSpec, match="the command is empty"):
+        client.submit_many([["echo", "fine"], [" "], ["true"]])
+    with pytest.raises(InvalidJobSpec, match="NUL"):
+        client.submit_many(["true", ["echo", "a\0b"]])
+    assert client.jobs() == []
+    assert client.submit_many([]) == []

@@ -466,3 +466,23 @@ def test_a_job_holding_everything_its_worker_holds_cannot_mint_an_api_token(
     assert record.state is JobState.FAILED
     assert "Redis refused the request: this user has no permissions to access one of the keys" in said
     assert [token.name for token in web_client.tokens()] == []
+
+
+def test_a_batch_jobs_seal_passed_to_another_job_of_the_batch_is_refused(
+    client: Client, workers: Workers, as_worker: redis.Redis, tmp_path: Path
+) -> None:
+    # One signature covers the whole batch: each job's seal must still hold for that job alone.
+    marker = tmp_path / "pwned"
+    harmless, other = client.submit_many([["echo", "harmless"], ["touch", str(marker)]])
+    harmless_key, other_key = client.keys.job(harmless.id), client.keys.job(other.id)
+    # The harmless job's seal on the other's spec, and a path rewritten to lead elsewhere.
+    as_worker.hset(other_key, "gl_seal", as_worker.hget(harmless_key, "gl_seal") or b"")
+    seal = json.loads(as_worker.hget(harmless_key, "gl_seal") or b"{}")
+    seal["path"] = [("R" if step[0] == "L" else "L") + step[1:] for step in seal["path"]]
+    as_worker.hset(harmless_key, "gl_seal", json.dumps(seal))
+    workers.start("w1", 1)
+    for job in (harmless, other):
+        record = job.wait(WAIT)
+        assert record.reason == "refused: the job's signature does not match it; it was not run"
+    assert not marker.exists()
+    assert client.submit_many([["true"]] * 3)[2].wait(WAIT).state is JobState.SUCCEEDED

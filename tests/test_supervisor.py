@@ -33,7 +33,7 @@ def test_no_exit_and_no_line_is_lost_among_many_jobs(client: Client, workers: Wo
             assert printed == [f"{stream[3:]} {i}" for i in range(LINES)], (job.id, stream)
 
 
-def test_a_long_job_keeps_its_lease_while_short_ones_churn_beside_it(client: Client, workers: Workers) -> None:
+def test_a_long_job_keeps_its_lease_while_short_ones_churn(client: Client, workers: Workers) -> None:
     # Leases of a second, renewed every 0.3 s: a renewal missed for a second shows as a second attempt.
     workers.start("w1", 4, "--lease-ttl", "1", "--heartbeat", "0.3")
     long = client.submit(["sh", "-c", "sleep 4; echo done"], retries=1)

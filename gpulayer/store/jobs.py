@@ -13,12 +13,22 @@ from redis import Redis
 from redis.client import Pipeline
 from rq.utils import now
 
-from ..models import Attempt, GangPart, JobRecord, JobSpec, JobState, OutputSummary
+from ..errors import InvalidJobSpec
+from ..models import (
+    MAX_SPEC_BYTES,
+    SPEC_TOO_LARGE,
+    Attempt,
+    GangPart,
+    JobRecord,
+    JobSpec,
+    JobState,
+    OutputSummary,
+)
 from ..settings import Settings
-from ..signing import Keyring, seal_job
+from ..signing import Keyring, seal_job, seal_jobs
 from .connection import BLOCK_MS
 from .keys import Keys
-from .rq_jobs import parse_timestamp, rq_fields, timestamp
+from .rq_jobs import description, parse_timestamp, rq_fields, timestamp
 from .scripts import Scripts
 
 #: Ended ids taken off a batch's list per round trip.
@@ -62,17 +72,54 @@ class JobStore:
         return its id — or, when ``idempotency_key`` was used by a job that still exists, that job's id.
         None if ``job_id`` is taken. ``files``: the SHA-256 of each, by name, signed with the job."""
         return submitted(
-            self._scripts.run("submit", *self._submit_call(job_id, spec, upload, files, idempotency_key))
+            self._scripts.run(
+                "submit", *self._submit_call(job_id, spec, upload, files, idempotency_key, None)
+            )
+        )
+
+    def submit_many(self, jobs: Sequence[tuple[str, JobSpec]]) -> list[str | None]:
+        """Create and queue jobs that carry no files and differ only in their command, in one round
+        trip, one script call and under one signature: each job's id, or None where the id was taken
+        (that job is not created)."""
+        first = jobs[0][1]
+        queue = first.queue
+        queue_name = self._keys.queue_for(queue)
+        created = now()
+        fields = self._fields(first, queue_name, created)
+        del fields["description"], fields["gl_spec"]
+        args: list[object] = [queue_name, queue.model_dump_json(), int(created.timestamp() * 1_000_000)]
+        args.append(len(fields))
+        for pair in fields.items():
+            args.extend(pair)
+        for (job_id, spec), seal in zip(
+            jobs, self.seals([(job_id, spec, {}) for job_id, spec in jobs]), strict=True
+        ):
+            args.extend((job_id, description(spec.command), self._dump(spec), seal))
+        replies = self._scripts.run("submit_many", [self._keys.queue(queue_name)], args)
+        return [job_id if created else None for (job_id, _), created in zip(jobs, replies, strict=True)]
+
+    def seals(self, jobs: Sequence[tuple[str, JobSpec, dict[str, str]]]) -> list[str]:
+        """The seals of jobs (id, spec, file digests) to submit together: one signature for all."""
+        return seal_jobs(
+            self._keyring.signer(), [(job_id, self._dump(spec), files) for job_id, spec, files in jobs]
         )
 
     def queue_submit(
-        self, pipe: Pipeline, job_id: str, spec: JobSpec, upload: str, files: dict[str, str], batch: str
+        self,
+        pipe: Pipeline,
+        job_id: str,
+        spec: JobSpec,
+        upload: str,
+        files: dict[str, str],
+        batch: str,
+        seal: str,
     ) -> None:
         """Queue a submit on a pipeline run by :meth:`pipeline`, as one of the jobs of ``batch`` (if
-        not empty: when the job ends its id is pushed on the batch's list, see :meth:`ended`). Read
-        its reply with :func:`submitted`."""
+        not empty: when the job ends its id is pushed on the batch's list, see :meth:`ended`), with its
+        seal from :meth:`seals`. Read its reply with :func:`submitted`."""
         extra = {"gl_batch": batch} if batch else {}
-        self._scripts.queue(pipe, "submit", *self._submit_call(job_id, spec, upload, files, None, **extra))
+        call = self._submit_call(job_id, spec, upload, files, None, seal, **extra)
+        self._scripts.queue(pipe, "submit", *call)
 
     def pipeline(self, build: Callable[[Pipeline], object]) -> list[Any]:
         """Many submits (and the uploads that go with them) in one round trip: see
@@ -86,26 +133,15 @@ class JobStore:
         upload: str,
         files: dict[str, str],
         idempotency_key: str | None,
+        seal: str | None,
         **extra: str,
     ) -> tuple[list[str], list[object]]:
         queue = spec.queue
         queue_name = self._keys.queue_for(queue)
         created = now()
-        fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
-        if self._dumped[0] is not spec:  # a batch submits one spec many times: dumped once
-            self._dumped = (spec, spec.model_dump_json(exclude_defaults=True))
-        fields["gl_spec"] = self._dumped[1]
+        fields = self._fields(spec, queue_name, created)
         # What a worker checks before it runs anything: this spec, under this id, with these files.
-        fields["gl_seal"] = seal_job(self._keyring.signer(), job_id, self._dumped[1], files)
-        fields["gl_attempt"] = 0
-        # What the scripts need to decide on a retry, without parsing the spec.
-        fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
-        if spec.distributed:
-            fields["gl_nodes"] = spec.distributed.nodes
-        if not (spec.source or spec.inputs or spec.function or spec.distributed):
-            # Nothing to fetch before its process starts: the claim marks it running itself, and
-            # the worker spares a round trip.
-            fields["gl_starts_at_claim"] = 1
+        fields["gl_seal"] = seal or seal_job(self._keyring.signer(), job_id, fields["gl_spec"], files)
         fields.update(extra)
         # Microseconds: jobs submitted within one millisecond still list in order (exact in a double).
         args: list[object] = [
@@ -124,6 +160,30 @@ class JobStore:
             self._keys.inputs(job_id),
         ]
         return keys, args
+
+    def _fields(self, spec: JobSpec, queue_name: str, created: datetime) -> dict[str, Any]:
+        """The new job's hash, but its seal."""
+        fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
+        fields["gl_spec"] = self._dump(spec)
+        fields["gl_attempt"] = 0
+        # What the scripts need to decide on a retry, without parsing the spec.
+        fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
+        if spec.distributed:
+            fields["gl_nodes"] = spec.distributed.nodes
+        if not (spec.source or spec.inputs or spec.function or spec.distributed):
+            # Nothing to fetch before its process starts: the claim marks it running itself, and
+            # the worker spares a round trip.
+            fields["gl_starts_at_claim"] = 1
+        return fields
+
+    def _dump(self, spec: JobSpec) -> str:
+        """The spec as stored (a batch submits one spec many times: dumped once)."""
+        if self._dumped[0] is not spec:
+            dumped = spec.model_dump_json(exclude_defaults=True)
+            if len(dumped) > MAX_SPEC_BYTES:
+                raise InvalidJobSpec(SPEC_TOO_LARGE)
+            self._dumped = (spec, dumped)
+        return self._dumped[1]
 
     def ended(self, batch: str, timeout: float) -> list[str]:
         """The ids of the batch's jobs that ended since the last call, waiting up to ``timeout``

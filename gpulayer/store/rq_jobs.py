@@ -49,6 +49,11 @@ def _template(retention: int) -> dict[str, Any]:
     return {key: value for key, value in job.to_dict().items() if value != "" and key not in per_job}
 
 
+def description(command: list[str]) -> str:
+    """How RQ shows the job: its command, as a shell would read it, cut short."""
+    return shlex.join(command)[:_DESCRIPTION_MAX]
+
+
 def rq_fields(
     queue_name: str, command: list[str], timeout: float | None, retention: int, created: datetime
 ) -> dict[str, Any]:
@@ -59,6 +64,6 @@ def rq_fields(
         "created_at": created_text,
         "enqueued_at": created_text,
         "origin": queue_name,
-        "description": shlex.join(command)[:_DESCRIPTION_MAX],
+        "description": description(command),
         "timeout": math.ceil(timeout) if timeout else -1,
     }

@@ -26,6 +26,7 @@ GANG_START_TRIES = 3
 
 _NAMES = (
     "submit",
+    "submit_many",
     "claim",
     "start",
     "append_logs",

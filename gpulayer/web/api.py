@@ -10,6 +10,7 @@ from flask import Blueprint, Response, g, jsonify, request, send_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from werkzeug.datastructures import FileStorage
 
+from ..client import Job
 from ..errors import ArchiveError, OutputNotProduced, TokenError
 from ..models import JobState, Launcher, RetryOn, Role, plain_name, validation_message
 from ..units import parse_duration
@@ -45,6 +46,10 @@ class SubmitRequest(BaseModel):
     launcher: Launcher | None = None
     #: The fields of :class:`gpulayer.Requirements`.
     requirements: dict[str, Any] = Field(default_factory=dict)
+
+
+#: The most jobs one ``POST /jobs`` list may hold.
+MAX_LIST = 10_000
 
 
 class TokenRequest(BaseModel):
@@ -92,8 +97,12 @@ def list_jobs() -> Response:
 def submit() -> tuple[Response, int]:
     """Queue a command job; answers its id (201). The body is the job as JSON, or a multipart form
     with that JSON in its ``spec`` field, the job's source folder as a tar archive (gzip or not) in
-    ``source``, and input files in ``inputs`` (each lands in the job's folder under its own name)."""
+    ``source``, and input files in ``inputs`` (each lands in the job's folder under its own name).
+    Or a JSON list of jobs that differ only in their command: answers their ids, in order."""
     if request.mimetype != "multipart/form-data":
+        data = request.get_json(silent=True)
+        if isinstance(data, list):
+            return jsonify(ids=[job.id for job in _submit_list(data)]), 201
         body: SubmitRequest = _body(SubmitRequest)
         job = client().submit(**body.model_dump(exclude={"requirements"}), **body.requirements)
         return jsonify(id=job.id), 201
@@ -108,6 +117,22 @@ def submit() -> tuple[Response, int]:
             **body.model_dump(exclude={"requirements"}), source=source, inputs=inputs, **body.requirements
         )
     return jsonify(id=job.id), 201
+
+
+def _submit_list(data: list[Any]) -> list[Job]:
+    """Jobs sent as a list: checked whole, then queued together (:meth:`Client.submit_many`)."""
+    if not 0 < len(data) <= MAX_LIST:
+        raise ApiError(400, f"a list of jobs holds 1 to {MAX_LIST} of them")
+    items = [SubmitRequest.model_validate(item) for item in data]
+    shared = items[0].model_dump(exclude={"command"})
+    if any(item.model_dump(exclude={"command"}) != shared for item in items[1:]):
+        raise ApiError(
+            400, "the jobs of a list must differ only in their command: send a list per set of options"
+        )
+    if shared.pop("idempotency_key") is not None:
+        raise ApiError(400, "a list of jobs takes no idempotency_key")
+    requirements = shared.pop("requirements")
+    return client().submit_many([item.command for item in items], **shared, **requirements)
 
 
 def _unpacked(upload: FileStorage | None, folder: Path) -> Path | None:

@@ -13,7 +13,7 @@ from pydantic.json_schema import models_json_schema
 from .. import __version__
 from ..inventory import Telemetry, WorkerInfo
 from ..models import ActivitySample, JobRecord, JobState, LogLine, QueueInfo, TokenInfo
-from .api import SubmitRequest, TokenRequest
+from .api import MAX_LIST, SubmitRequest, TokenRequest
 
 openapi = Blueprint("openapi", __name__, url_prefix="/api/v1")
 _REF = "#/components/schemas/{model}"
@@ -93,14 +93,34 @@ def document() -> dict[str, Any]:
                 ],
             ),
             "post": _operation(
-                "Submit a command job",
+                "Submit a command job, or a list of jobs that differ only in their command",
                 "submitter",
-                _json(_object(id={"type": "string"}), "Created"),
+                _json(
+                    {
+                        "oneOf": [
+                            _object(id={"type": "string"}),
+                            _object(ids={"type": "array", "items": {"type": "string"}}),
+                        ]
+                    },
+                    "Created",
+                ),
                 status="201",
                 requestBody={
                     "required": True,
                     "content": {
-                        "application/json": {"schema": _ref(SubmitRequest)},
+                        "application/json": {
+                            "schema": {
+                                "oneOf": [
+                                    _ref(SubmitRequest),
+                                    {
+                                        "type": "array",
+                                        "items": _ref(SubmitRequest),
+                                        "minItems": 1,
+                                        "maxItems": MAX_LIST,
+                                    },
+                                ]
+                            }
+                        },
                         "multipart/form-data": {
                             "schema": {
                                 "type": "object",

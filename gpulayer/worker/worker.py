@@ -43,7 +43,7 @@ from ..inventory import Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
 from ..server import address_towards
 from ..settings import Settings
-from ..signing import Keyring, check_job
+from ..signing import Keyring, Verified, check_job
 from ..store.execution import Claim, Claimed, ClaimRequest
 from ..store.gangs import Hold
 from ..store.jobs import parse_spec
@@ -114,6 +114,7 @@ class Worker(BaseWorker):
         self._stores = stores = Stores.open(connection, settings)
         self.keys = stores.keys
         self._verifier = keyring.checker()
+        self._verified = Verified()
         self.lease_ttl, self.heartbeat_interval = _timing(lease_ttl, heartbeat)
         self.settings = settings
         self.display_name = name
@@ -432,7 +433,7 @@ class Worker(BaseWorker):
         signed fails, unread and unrun."""
         try:
             spec = _read_spec(job.spec_json)
-            files = check_job(self._verifier, job.target, job.spec_json or b"", job.seal)
+            files = check_job(self._verifier, job.target, job.spec_json or b"", job.seal, self._verified)
         except (ValueError, UntrustedPayload) as exc:
             refused = isinstance(exc, UntrustedPayload)
             reason = f"refused: {exc}; it was not run" if refused else f"invalid job record: {exc}"
