@@ -23,6 +23,7 @@ import importlib.util
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -169,6 +170,44 @@ def dramatiq_end_to_end(url: str, jobs: int) -> dict[str, float] | None:
     return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
 
 
+def submit_costs(url: str, home: Path, jobs: int) -> dict[str, float]:
+    """What one submit costs a script (ms per job, no worker running): GPUlayer's loop of submits,
+    the same loop with 100,000 jobs already queued, and ``submit_many``; RQ's enqueue loop and
+    ``enqueue_many``; Dramatiq's loop of sends (it has no batch send)."""
+    flush(url)
+    client = Client(url, settings=Settings(home=home))
+    costs = {
+        "gpulayer submit": _per_job_ms(lambda: [client.submit(["true"]) for _ in range(jobs)], jobs),
+        "gpulayer submit_many": _per_job_ms(lambda: client.submit_many([["true"]] * jobs), jobs),
+    }
+    for _ in range(100):
+        client.submit_many([["true"]] * 1000)
+    costs["gpulayer submit, 100k queued"] = _per_job_ms(
+        lambda: [client.submit(["true"]) for _ in range(jobs)], jobs
+    )
+    client.close()
+    flush(url)
+    queue = Queue("bench", connection=redis.Redis.from_url(url))
+    costs["rq enqueue"] = _per_job_ms(lambda: [queue.enqueue(RQ_FUNCTION, "true") for _ in range(jobs)], jobs)
+    prepared = [Queue.prepare_data(RQ_FUNCTION, ("true",)) for _ in range(jobs)]
+    costs["rq enqueue_many"] = _per_job_ms(lambda: queue.enqueue_many(prepared), jobs)
+    if importlib.util.find_spec("dramatiq") is not None:
+        flush(url)
+        os.environ["BENCH_REDIS_URL"] = url
+        import dramatiq_tasks
+
+        costs["dramatiq send"] = _per_job_ms(
+            lambda: [dramatiq_tasks.run_command.send("true") for _ in range(jobs)], jobs
+        )
+    return costs
+
+
+def _per_job_ms(work: Callable[[], object], jobs: int) -> float:
+    started = time.perf_counter()
+    work()
+    return (time.perf_counter() - started) / jobs * 1000
+
+
 def gpulayer_latency(url: str, home: Path, runs: int) -> dict[str, float]:
     flush(url)
     client = Client(url, settings=Settings(home=home))
@@ -241,6 +280,13 @@ def print_end_to_end(end_to_end: dict[str, dict[str, float] | None], jobs: int) 
     )
 
 
+def print_submits(submits: dict[str, float]) -> None:
+    print("\nsubmit cost, no worker running (ms per job):")
+    peer = submits.get("dramatiq send")
+    for name, cost in submits.items():
+        print(f"{name:34} {cost:8.3f}" + (f"   {cost / peer:5.2f}x Dramatiq's send" if peer else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2000)
@@ -256,8 +302,10 @@ def main() -> None:
             "rq SimpleWorker": rq_end_to_end(url, args.jobs),
             "dramatiq, 2 processes x 4 threads": dramatiq_end_to_end(url, args.jobs),
         }
+        submits = submit_costs(url, home, args.jobs)
         if args.end_to_end_only:
             print_end_to_end(end_to_end, args.jobs)
+            print_submits(submits)
             return
         runs = {
             f"gpulayer, 2 workers x {cores} slots": gpulayer_throughput(url, home, args.jobs, 2, cores),
@@ -279,6 +327,7 @@ def main() -> None:
         print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} "
               f"{run['jobs_per_s'] / fork:9.2f}x {run['jobs_per_s'] / simple:11.2f}x")  # fmt: skip
     print_end_to_end(end_to_end, args.jobs)
+    print_submits(submits)
     print(f"\nsubmit -> start on an idle worker, {args.latency_runs} jobs one at a time:")
     for name, result in latency.items():
         print(f"{name:34} p50 {result['p50_ms']:6.2f} ms   p95 {result['p95_ms']:6.2f} ms")
@@ -289,6 +338,7 @@ def main() -> None:
         {
             "jobs": args.jobs,
             "end_to_end": end_to_end,
+            "submit_ms": submits,
             "throughput": runs,
             "idle_latency": latency,
             "log_delay": delay,
