@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -33,3 +34,20 @@ def test_the_worker_shares_how_a_job_ends_through_a_leaf_module() -> None:
     endings = (ROOT / "gpulayer" / "worker" / "endings.py").read_text()
     assert "from .runner" not in leases
     assert not re.search(r"^from \.(?!\.)", endings, re.MULTILINE)
+
+
+def test_the_worker_core_reads_in_one_sitting() -> None:
+    # Short functions, and a job's kind is a launch the lifecycle composes, not a runner subclass.
+    worker = ROOT / "gpulayer" / "worker"
+    long = []
+    for path in sorted(worker.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        long += [
+            f"{path.name}:{node.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef) and (node.end_lineno or 0) - node.lineno >= 60
+        ]
+        assert not re.search(r"^class \w+\(JobRunner\)", path.read_text(), re.MULTILINE), path.name
+    assert long == []
+    for client_side in ("client.py", "worker/worker.py"):
+        assert not re.search(r"\w+Store\(", (ROOT / "gpulayer" / client_side).read_text()), client_side
