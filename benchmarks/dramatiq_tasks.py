@@ -20,3 +20,9 @@ dramatiq.set_broker(broker)
 def run_command(*command: str) -> int:
     """Run a command in a subprocess, as a GPUlayer worker does, and return its exit code."""
     return subprocess.run(command, check=False).returncode
+
+
+@dramatiq.actor(store_results=True, max_retries=0)
+def noop(x: int) -> int:
+    """The no-op of the remote-functions benchmark."""
+    return x

@@ -19,6 +19,7 @@ default forking ``Worker`` and with ``SimpleWorker``. Workers log at WARNING on 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from _common import (
     median,
     percentile,
     private_installation,
+    python,
     rq_worker,
     save,
     spawn,
@@ -131,6 +133,29 @@ def rq_run(url: str, calls: int, runs: int, repeats: int, worker_class: str) -> 
     }
 
 
+def dramatiq_run(url: str, calls: int, repeats: int) -> dict[str, float] | None:
+    """Dramatiq's no-op rate: ``calls`` sends, then each result in order, 2 processes x 4 threads;
+    None where Dramatiq is not installed (``pip install -r benchmarks/requirements.txt``)."""
+    if importlib.util.find_spec("dramatiq") is None:
+        return None
+    flush(url)
+    os.environ["BENCH_REDIS_URL"] = url
+    import dramatiq_tasks
+
+    command = [python(), "-m", "dramatiq", "dramatiq_tasks", "--processes", "2", "--threads", "4"]
+    workers = spawn(command, env={"BENCH_REDIS_URL": url})
+    time.sleep(5)  # Dramatiq's workers say nothing when ready: give them time to start.
+    assert dramatiq_tasks.noop.send(0).get_result(block=True, timeout=60_000) == 0
+
+    def mapped() -> None:
+        messages = [dramatiq_tasks.noop.send(i) for i in range(calls)]
+        assert [message.get_result(block=True, timeout=60_000) for message in messages] == list(range(calls))
+
+    seconds = timed(repeats, mapped)
+    stop(workers)
+    return {"calls_per_s": calls / seconds}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
@@ -153,6 +178,7 @@ def main() -> None:
                 url, args.calls, args.latency_runs, args.repeats, "rq.worker.SimpleWorker"
             ),
         }
+        dramatiq = dramatiq_run(url, args.calls, args.repeats)
     fork = runs["rq Worker (fork), 2 workers"]
     simple = runs["rq SimpleWorker, 2 workers"]
     print(f"{args.calls} calls of a no-op function, two worker processes, {cores} CPUs, one Redis")
@@ -163,12 +189,24 @@ def main() -> None:
         print(f"{name:34} {run['calls_per_s']:8.0f} {run['calls_per_s'] / fork['calls_per_s']:7.2f}x "
               f"{run['calls_per_s'] / simple['calls_per_s']:8.2f}x {run['p50_ms']:7.2f} {run['p95_ms']:7.2f} "
               f"{simple['p50_ms'] / run['p50_ms']:8.2f}x")  # fmt: skip
+    if dramatiq is None:
+        print("(Dramatiq not installed: pip install -r benchmarks/requirements.txt)")
+    else:
+        print(f"{'dramatiq, 2 processes x 4 threads':34} {dramatiq['calls_per_s']:8.0f}")
+        for name, run in runs.items():
+            print(f"{name}: {run['calls_per_s'] / dramatiq['calls_per_s']:.2f}x Dramatiq's no-op rate")
     for name, run in runs.items():
         if "cold_start_ms" in run:
             print(f"{name}: first call on a new worker (starts its executor): {run['cold_start_ms']:.0f} ms")
     path = save(
         "sdk_map",
-        {"calls": args.calls, "latency_runs": args.latency_runs, "repeats": args.repeats, "runs": runs},
+        {
+            "calls": args.calls,
+            "latency_runs": args.latency_runs,
+            "repeats": args.repeats,
+            "runs": runs,
+            "dramatiq": dramatiq,
+        },
     )
     print(f"\nsaved {path}")
 
