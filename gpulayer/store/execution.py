@@ -45,6 +45,8 @@ class Claim:
     seal: bytes = b""
     #: The claim marked it running too (it has no files to fetch first): no start to record.
     started: bool = False
+    #: For a job the claim started: its input files' hash, read with the claim (a function's call).
+    inputs: dict[bytes, bytes] = dataclasses.field(default_factory=dict)
 
     @property
     def target(self) -> str:
@@ -280,7 +282,7 @@ class ExecutionStore:
 
 
 def _claimed(reply: list[Any]) -> Claimed:
-    """What claim.lua answers, as claims (eight values each, after the count of waiting gang jobs)."""
+    """What claim.lua answers, as claims (nine values each, after the count of waiting gang jobs)."""
     gangs, *flat = reply
     return [
         Claim(
@@ -292,8 +294,9 @@ def _claimed(reply: list[Any]) -> Claimed:
             _part(flat[i + 5].decode()),
             flat[i + 6] or b"",
             flat[i + 7] == b"1",
+            dict(zip(flat[i + 8][::2], flat[i + 8][1::2], strict=True)),
         )
-        for i in range(0, len(flat), 8)
+        for i in range(0, len(flat), 9)
     ], int(gangs)
 
 

@@ -170,9 +170,9 @@ class JobStore:
         fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
         if spec.distributed:
             fields["gl_nodes"] = spec.distributed.nodes
-        if not (spec.source or spec.inputs or spec.function or spec.distributed):
-            # Nothing to fetch before its process starts: the claim marks it running itself, and
-            # the worker spares a round trip.
+        if not (spec.source or spec.inputs or spec.distributed):
+            # Nothing to fetch before its process starts (a function's call comes with the claim):
+            # the claim marks it running itself, and the worker spares a round trip.
             fields["gl_starts_at_claim"] = 1
         return fields
 

@@ -162,7 +162,7 @@ class JobRunner:
         )
         announced = self._launch.announce(self)
         status, replies = (
-            ("ok", [])
+            ("ok", [self.claim.inputs])
             if self.claim.started
             else self.persist(self.context.store.start, self.claim, read_call, announced)
         )

@@ -11,8 +11,9 @@
 --           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
 -- Returns the number of gang jobs waiting for workers, then, for each claimed job: id, attempt, spec
 -- JSON, queue name, GPU indices ("0,2"), for a gang part "gang job id:node" (else ''), the
--- submitter's seal over the job (else '': the worker refuses it), and '1' if the claim also marked
--- it running (a job with no files to fetch first: gl_starts_at_claim), else ''.
+-- submitter's seal over the job (else '': the worker refuses it), '1' if the claim also marked
+-- it running (a job with no files to fetch first: gl_starts_at_claim), else '', and for such a job
+-- its input files' hash as field, value pairs (a function's call; empty for a command).
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or no longer queued are
 -- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker.
 local out = {redis.call('zcard', GANGS)}
@@ -27,6 +28,7 @@ for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
     out[#out + 1] = v[7] .. ':' .. v[8]
     out[#out + 1] = v[9] or ''
     out[#out + 1] = ''
+    out[#out + 1] = {}
   end
 end
 if redis.call('exists', KEYS[5]) == 1 then
@@ -101,6 +103,7 @@ for q = 7, #ARGV, 5 do
       out[#out + 1] = ''
       out[#out + 1] = stored[2] or ''
       out[#out + 1] = started and '1' or ''
+      out[#out + 1] = started and redis.call('hgetall', key(K.inputs, id)) or {}
       want = want - 1
     end
   end
