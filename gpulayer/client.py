@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -10,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from . import access as accesses
 from . import archive, placement
@@ -367,6 +368,16 @@ class Client:
             "start_latency": histograms.read(self.redis, self.keys.start_latency, histograms.START_BUCKETS),
             "run_time": histograms.read(self.redis, self.keys.run_time, histograms.RUN_BUCKETS),
         }
+
+    def ended_counts(self) -> dict[JobState, int]:
+        """How many jobs ended in each final state since Redis's data began (past their retention
+        too): what a rate of ended jobs is computed from."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.ended_counts))
+        counts = {state: 0 for state in JobState if state.is_terminal}
+        for name, count in raw.items():
+            with contextlib.suppress(ValueError):
+                counts[JobState(name.decode())] = int(count)
+        return counts
 
     def queues(self) -> tuple[list[QueueInfo], int]:
         """Every queue with how many jobs wait in it, and how many gang jobs wait for workers."""

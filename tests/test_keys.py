@@ -133,6 +133,8 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "START_BUCKETS",
             "RUN_TIME",
             "RUN_BUCKETS",
+            "ENDED_COUNTS",
+            "FINAL",
         )
     ]
     assert 'local EVENTS = "teamA:events"\n' in text

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 from flask.testing import FlaskClient
+from prometheus_client import CONTENT_TYPE_LATEST
 from simple_websocket import Client as Client_
 from simple_websocket import ConnectionClosed
 
@@ -129,8 +130,13 @@ def test_metrics_add_start_latency_and_run_time_histograms_and_gpu_use(
         assert client.submit(["sleep", "0.2"]).wait(30).state is JobState.SUCCEEDED
     wait_for(lambda: client.telemetry(60).get("w1"), what="a telemetry sample")
 
-    text = http.get("/metrics", headers=auth(tokens["metrics"])).get_data(as_text=True)
+    answer = http.get("/metrics", headers=auth(tokens["metrics"]))
+    # One charset: Prometheus 3 refuses the header Flask would otherwise make.
+    assert answer.headers["Content-Type"] == CONTENT_TYPE_LATEST
+    assert answer.headers["Content-Type"].count("charset") == 1
+    text = answer.get_data(as_text=True)
     lines = set(text.splitlines())
+    assert 'gpulayer_jobs_ended_total{state="succeeded"} 3.0' in lines
     values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line[0] != "#"}
     assert "gpulayer_job_start_latency_seconds_count 3.0" in lines
     assert 'gpulayer_job_start_latency_seconds_bucket{le="+Inf"} 3.0' in lines
@@ -150,3 +156,10 @@ def test_metrics_add_start_latency_and_run_time_histograms_and_gpu_use(
     served = {line.split()[2] for line in lines if line.startswith("# HELP ")}
     assert len(asked) >= 10
     assert asked <= served | {f"{name}_{part}" for name in served for part in ("bucket", "count", "sum")}
+    # rate() only of what only grows: a gauge's fall (jobs past their retention) reads as a reset.
+    kinds = {line.split()[2]: line.split()[3] for line in lines if line.startswith("# TYPE ")}
+    rated = {name for query in queries for name in re.findall(r"rate\((gpulayer_\w+)", query)}
+    assert rated
+    for name in rated:
+        family = re.sub(r"_(total|bucket|count|sum)$", "", name)
+        assert kinds.get(family, kinds.get(name)) in ("counter", "histogram"), name

@@ -68,6 +68,8 @@ class Keys:
         #: ``count``), kept up by the scripts as jobs start and end; read by /metrics.
         self.start_latency = f"{prefix}:metrics:start-latency"
         self.run_time = f"{prefix}:metrics:run-time"
+        #: Hash of how many jobs ended in each final state, ever (a counter for Prometheus's rate()).
+        self.ended_counts = f"{prefix}:metrics:ended"
         #: RQ's set of queue keys, read by ``rq info``.
         self.rq_queues = Queue.redis_queues_keys
         #: RQ's set of live worker keys, read by ``rq info``.

@@ -72,6 +72,8 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "START_BUCKETS": bounds_ms(START_BUCKETS),
         "RUN_TIME": keys.run_time,
         "RUN_BUCKETS": bounds_ms(RUN_BUCKETS),
+        "ENDED_COUNTS": keys.ended_counts,
+        "FINAL": {state.value: 1 for state in JobState if state.is_terminal},
     }
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in constants.items())
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ..client import Client
@@ -31,6 +31,12 @@ class InstallationCollector(Collector):
         for state, count in self._client.job_counts().items():
             jobs.add_metric([state.value], count)
         yield jobs
+        ended = CounterMetricFamily(
+            "gpulayer_jobs_ended", "Jobs that ended, by final state, ever", labels=["state"]
+        )
+        for state, count in self._client.ended_counts().items():
+            ended.add_metric([state.value], count)
+        yield ended
         queues, gangs = self._client.queues()
         depth = GaugeMetricFamily("gpulayer_queue_depth", "Jobs waiting in each queue", labels=["queue"])
         for queue in queues:
@@ -104,4 +110,5 @@ def _le(bound: float) -> str:
 def scrape() -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(InstallationCollector(client()))
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    # content_type, not mimetype: Flask would add a second charset, which Prometheus 3 refuses.
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

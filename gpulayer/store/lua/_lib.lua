@@ -1,6 +1,6 @@
 -- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, GANGS,
 -- GANG_WAKE, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES, RETENTION,
--- EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS; see
+-- EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS, ENDED_COUNTS, FINAL; see
 -- gpulayer/store/scripts.py) and then this
 -- file before each script. Keys of jobs named only by id are built here with key(); the scripts run
 -- on one Redis, not a cluster. Times of leases and back-offs are Redis's own (TIME), never a client's.
@@ -81,6 +81,9 @@ local function set_state(id, jobkey, state)
     end
   elseif old == 'running' and tonumber(v[4]) then
     observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
+  end
+  if FINAL[state] then
+    redis.call('hincrby', ENDED_COUNTS, state, 1)
   end
   redis.call('publish', EVENTS, cjson.encode({type = 'job', id = id, state = state}))
 end
