@@ -196,6 +196,44 @@ def test_access_init_prints_rules_without_passwords_and_apply_makes_working_user
         process.wait(10)
 
 
+def test_access_init_writes_an_acl_file_a_redis_starts_with(tmp_path: Path, env: dict[str, str]) -> None:
+    # As the Compose stack's init does: the users in a file, the Redis started with it.
+    aclfile, port = tmp_path / "users.acl", free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    initing = {**env, "GPULAYER_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "gpulayer", "access", "init", "--redis-url", url]
+    subprocess.run([*command, "--aclfile", str(aclfile)], env=initing, check=True, capture_output=True)
+    text = aclfile.read_text()
+    assert text.startswith("user default off ")
+    assert text.count("\nuser gpulayer-") == 5
+    passwords = json.loads((tmp_path / "home" / "installation.json").read_text())["passwords"]
+    assert not any(password in text for password in passwords.values())
+    both = subprocess.run(
+        [*command, "--apply", "--aclfile", str(aclfile)],
+        env=initing,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert both.returncode == 2
+    assert "give --apply or --aclfile, not both" in both.stderr
+    process = start_redis(tmp_path / "redis", port, acl=text, durable=False)
+    try:
+        admin = accesses.load(tmp_path / "home", "admin")
+        assert admin is not None
+        wait_ready(admin.redis_url, process)
+        worker = accesses.load(tmp_path / "home", "worker")
+        assert worker is not None
+        client = Client(access=worker)
+        assert client.workers() == []
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.redis.flushall()
+        client.close()
+    finally:
+        process.kill()
+        process.wait(10)
+
+
 # --- signed jobs -------------------------------------------------------------------------------------
 @pytest.fixture
 def as_worker(installation: Installation) -> Iterator[redis.Redis]:

@@ -44,11 +44,20 @@ def access_group() -> None:
     show_default=True,
     help="Redis's major version, for the rules printed (6.2 lacks some commands 7 must deny).",
 )
-def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int) -> None:
+@click.option(
+    "--aclfile",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    help="Write the users as a Redis ACL file instead (its default user off), for a Redis that "
+    "starts with --aclfile FILE, as the Compose stack's does.",
+)
+def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, aclfile: Path | None) -> None:
     """Set an installation up on a Redis you run: a password per role and both key pairs, kept here
     (this machine is then its admin), and the ACL rules that make its users, printed with password
-    hashes only. Apply them as an admin of that Redis, or pass --apply. The default user is left as
-    it is; turn it off (`ACL SETUSER default off`) unless other programs use it."""
+    hashes only. Apply them as an admin of that Redis, or pass --apply, or write them to --aclfile.
+    The default user is left as it is; turn it off (`ACL SETUSER default off`) unless other
+    programs use it."""
+    if apply and aclfile:
+        raise click.UsageError("give --apply or --aclfile, not both")
     settings = Settings.from_env()
     home = local.private_folder(settings.home)
     if installations.load(home) is not None:
@@ -63,6 +72,14 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int) ->
         made = installations.Installation.generate(settings.prefix, installations.endpoint_of(redis_url), ca)
     installations.save(home, made)
     made.save_accesses(home)
+    if aclfile is not None:
+        # Password hashes only: readable by the Redis that loads it.
+        aclfile.write_text(acl.acl_file(Keys(settings.prefix), made.passwords, redis_major))
+        aclfile.chmod(0o644)
+        click.echo(
+            f"the roles' Redis users are in {aclfile}; their access is kept in {accesses.folder(home)}"
+        )
+        return
     if apply:
         click.echo(f"the roles' Redis users are made; their access is kept in {accesses.folder(home)}")
         return
