@@ -30,8 +30,31 @@ class Fit:
     worker: str
     status: Status
     reasons: tuple[str, ...] = ()
+    #: A code per reason, for programs (``no_gpu``, ``gpu_memory``, ``gpus_busy``, ...: see :data:`CODES`).
+    codes: tuple[str, ...] = ()
     #: GPUs the job may use on this worker (right kind, memory and name), free or not.
     eligible: tuple[GPU, ...] = ()
+
+
+#: What a reason's code means. A worker can never run the job: ``no_workers``, ``no_gpu``,
+#: ``accelerator``, ``gpu_count``, ``gpu_memory``, ``gpu_name``, ``cpus``, ``memory``, ``framework``,
+#: ``label``; not now: ``gpus_busy``, ``cpus_busy``, ``memory_busy``; a gang job: ``gang``.
+CODES = (
+    "no_workers",
+    "no_gpu",
+    "accelerator",
+    "gpu_count",
+    "gpu_memory",
+    "gpu_name",
+    "cpus",
+    "memory",
+    "framework",
+    "label",
+    "gpus_busy",
+    "cpus_busy",
+    "memory_busy",
+    "gang",
+)
 
 
 class Reason(BaseModel):
@@ -39,6 +62,8 @@ class Reason(BaseModel):
 
     worker: str | None
     reason: str
+    #: The reasons as codes (:data:`CODES`), in the same order as the text's.
+    codes: list[str] = []
 
 
 class Plan(BaseModel):
@@ -74,20 +99,30 @@ def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:
 def check(requirements: Requirements, worker: WorkerInfo) -> Fit:
     never = _never(requirements, worker)
     if never:
-        return Fit(worker.name, "never", tuple(never))
+        return Fit(worker.name, "never", *_split(never))
     eligible = tuple(eligible_gpus(requirements, worker.gpus))
     busy = _busy(requirements, worker, eligible)
-    return Fit(worker.name, "busy" if busy else "fits", tuple(busy), eligible)
+    return Fit(worker.name, "busy" if busy else "fits", *_split(busy), eligible)
+
+
+def _split(reasons: list[tuple[str, str]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(code, text) pairs as the texts and the codes."""
+    return tuple(text for _, text in reasons), tuple(code for code, _ in reasons)
 
 
 def plan(requirements: Requirements, workers: list[WorkerInfo], nodes: int = 1) -> Plan:
     """Where a job would start now, or why not; ``nodes`` > 1: a gang job, one node per worker."""
     if not workers:
-        return Plan(worker=None, schedulable=False, reasons=[Reason(worker=None, reason=NO_WORKERS)])
+        reasons = [Reason(worker=None, reason=NO_WORKERS, codes=["no_workers"])]
+        return Plan(worker=None, schedulable=False, reasons=reasons)
     fits = candidates(requirements, workers)
     fitting = [fit.worker for fit in fits if fit.status == "fits"]
     could = sum(fit.status != "never" for fit in fits)
-    reasons = [Reason(worker=fit.worker, reason="; ".join(fit.reasons)) for fit in fits if fit.reasons]
+    reasons = [
+        Reason(worker=fit.worker, reason="; ".join(fit.reasons), codes=list(fit.codes))
+        for fit in fits
+        if fit.reasons
+    ]
     if nodes == 1:
         return Plan(worker=fitting[0] if fitting else None, schedulable=could > 0, reasons=reasons)
     chosen = fitting[:nodes] if len(fitting) >= nodes else []
@@ -95,7 +130,7 @@ def plan(requirements: Requirements, workers: list[WorkerInfo], nodes: int = 1) 
         gang = (
             f"needs {nodes} workers that can each hold one node: {could} could ever, {len(fitting)} can now"
         )
-        reasons.insert(0, Reason(worker=None, reason=gang))
+        reasons.insert(0, Reason(worker=None, reason=gang, codes=["gang"]))
     first = chosen[0] if chosen else None
     return Plan(worker=first, workers=chosen, schedulable=could >= nodes, reasons=reasons, nodes=nodes)
 
@@ -108,26 +143,25 @@ def candidates(requirements: Requirements, workers: list[WorkerInfo]) -> list[Fi
     return sorted(fits, key=lambda fit: (loads[fit.worker], fit.worker))
 
 
-def _never(requirements: Requirements, worker: WorkerInfo) -> list[str]:
+def _never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, str]]:
     reasons = [*_gpu_never(requirements, worker.gpus)]
     if requirements.cpus > worker.slots:
-        reasons.append(f"needs {requirements.cpus} CPU slots, has {worker.slots}")
+        reasons.append(("cpus", f"needs {requirements.cpus} CPU slots, has {worker.slots}"))
     if requirements.memory > worker.memory:
-        reasons.append(
-            f"needs {format_size(requirements.memory)} of memory, has {format_size(worker.memory)}"
-        )
+        needs = f"needs {format_size(requirements.memory)} of memory, has {format_size(worker.memory)}"
+        reasons.append(("memory", needs))
     for text in requirements.frameworks:
         wanted = parse_framework(text)
         installed = worker.frameworks.get(wanted.name)
         if installed is None:
-            reasons.append(f"needs {text}, which is not installed")
+            reasons.append(("framework", f"needs {text}, which is not installed"))
         elif not _satisfies(installed, wanted):
-            reasons.append(f"needs {text}, has {wanted.name} {installed}")
+            reasons.append(("framework", f"needs {text}, has {wanted.name} {installed}"))
     for key, value in requirements.labels.items():
         if key not in worker.labels:
-            reasons.append(f"needs label {key}={value}, has no label {key}")
+            reasons.append(("label", f"needs label {key}={value}, has no label {key}"))
         elif worker.labels[key] != value:
-            reasons.append(f"needs label {key}={value}, has {key}={worker.labels[key]}")
+            reasons.append(("label", f"needs label {key}={value}, has {key}={worker.labels[key]}"))
     return reasons
 
 
@@ -138,45 +172,54 @@ def _satisfies(version: str, wanted: Requirement) -> bool:
         return False
 
 
-def _gpu_never(requirements: Requirements, gpus: list[GPU]) -> list[str]:
+def _gpu_never(requirements: Requirements, gpus: list[GPU]) -> list[tuple[str, str]]:
     wanted, accelerator = requirements.gpus, requirements.accelerator
     if not wanted:
         return []
     kinds = sorted({gpu.kind for gpu in gpus})
     if not gpus:
-        return [f"needs {_accelerator_text(accelerator)}, has no GPU"]
+        return [("no_gpu", f"needs {_accelerator_text(accelerator)}, has no GPU")]
     if accelerator != "any" and accelerator not in kinds:
-        return [f"needs {accelerator}, has {' and '.join(kinds)} only"]
+        return [("accelerator", f"needs {accelerator}, has {' and '.join(kinds)} only")]
     same_kind = [gpu for gpu in gpus if accelerator in ("any", gpu.kind)]
     if len(same_kind) < wanted:
-        return [f"needs {wanted} GPUs, has {len(same_kind)}"]
+        return [("gpu_count", f"needs {wanted} GPUs, has {len(same_kind)}")]
     if requirements.gpu_memory is not None:
         big_enough = [gpu for gpu in same_kind if gpu.memory_total >= requirements.gpu_memory]
         if len(big_enough) < wanted:
             largest = max(gpu.memory_total for gpu in same_kind)
             per = "per GPU" if wanted == 1 else f"on each of {wanted} GPUs"
-            return [f"needs {memory_text(requirements.gpu_memory)} {per}, largest is {memory_text(largest)}"]
+            needs = f"needs {memory_text(requirements.gpu_memory)} {per}, largest is {memory_text(largest)}"
+            return [("gpu_memory", needs)]
     matching = eligible_gpus(requirements, gpus)
     if len(matching) < wanted:
         names = ", ".join(sorted({gpu.name for gpu in same_kind}))
-        return [f"needs {wanted} GPU(s) named like {requirements.gpu_name!r}, has {len(matching)} ({names})"]
+        needs = f"needs {wanted} GPU(s) named like {requirements.gpu_name!r}, has {len(matching)} ({names})"
+        return [("gpu_name", needs)]
     return []
 
 
-def _busy(requirements: Requirements, worker: WorkerInfo, eligible: tuple[GPU, ...]) -> list[str]:
-    reasons = []
+def _busy(requirements: Requirements, worker: WorkerInfo, eligible: tuple[GPU, ...]) -> list[tuple[str, str]]:
+    reasons: list[tuple[str, str]] = []
     if requirements.gpus:
         free = [gpu for gpu in eligible if gpu.uuid not in worker.gpus_busy]
         if len(free) < requirements.gpus:
             if not free:
-                reasons.append(f"all {len(eligible)} GPUs busy" if len(eligible) > 1 else "its GPU is busy")
+                busy = f"all {len(eligible)} GPUs busy" if len(eligible) > 1 else "its GPU is busy"
+                reasons.append(("gpus_busy", busy))
             else:
-                reasons.append(f"needs {requirements.gpus} GPUs, {len(free)} of {len(eligible)} free")
+                reasons.append(
+                    ("gpus_busy", f"needs {requirements.gpus} GPUs, {len(free)} of {len(eligible)} free")
+                )
     if requirements.cpus and worker.cpus_used + requirements.cpus > worker.slots:
-        reasons.append(f"{worker.cpus_used} of {worker.slots} CPU slots busy, needs {requirements.cpus}")
+        reasons.append(
+            ("cpus_busy", f"{worker.cpus_used} of {worker.slots} CPU slots busy, needs {requirements.cpus}")
+        )
     if requirements.memory and worker.memory_used + requirements.memory > worker.memory:
         free_memory = format_size(max(worker.memory - worker.memory_used, 0))
-        reasons.append(f"needs {format_size(requirements.memory)} of memory, {free_memory} free")
+        reasons.append(
+            ("memory_busy", f"needs {format_size(requirements.memory)} of memory, {free_memory} free")
+        )
     return reasons
 
 

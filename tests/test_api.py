@@ -165,7 +165,9 @@ def test_submit_validates_with_the_same_models_and_writes_nothing_when_refused(
     detail = http.get(f"/api/v1/jobs/{created.json['id']}", headers=auth(tokens["viewer"])).json
     assert detail is not None
     assert (detail["state"], detail["command"], detail["spec"]["priority"]) == ("queued", ["echo", "hi"], 3)
-    assert detail["reasons"] == [{"worker": None, "reason": "no workers are connected"}]
+    assert detail["reasons"] == [
+        {"worker": None, "reason": "no workers are connected", "codes": ["no_workers"]}
+    ]
 
 
 def test_a_list_of_jobs_is_queued_together_or_refused_whole(

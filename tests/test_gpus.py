@@ -210,7 +210,9 @@ def test_the_cli_explains_where_jobs_go(client: Client, workers: Workers, cli) -
     )
     queued = client.submit(["true"], labels={"zone": "us"})
     status = json.loads(cli("status", queued.id, "--json").output)
-    assert status["reasons"] == [{"worker": "box", "reason": "needs label zone=us, has zone=eu"}]
+    assert status["reasons"] == [
+        {"worker": "box", "reason": "needs label zone=us, has zone=eu", "codes": ["label"]}
+    ]
     why = cli("why", queued.id)
     assert why.output.splitlines() == [
         "no connected worker could ever run this job:",

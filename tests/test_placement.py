@@ -6,7 +6,7 @@ import pytest
 
 from gpulayer import GPU, InvalidJobSpec, Requirements, WorkerInfo
 from gpulayer.models import validated
-from gpulayer.placement import NO_WORKERS, check, eligible_gpus, memory_text, plan
+from gpulayer.placement import CODES, NO_WORKERS, check, eligible_gpus, memory_text, plan
 
 GiB = 2**30
 
@@ -143,6 +143,31 @@ def test_cpu_slots_and_memory_held_by_other_jobs_make_it_busy() -> None:
     box = worker(slots=4, cpus_used=3, memory=16 * GiB, memory_used=12 * GiB)
     assert check(needs(cpus=2), box).reasons == ("3 of 4 CPU slots busy, needs 2",)
     assert check(needs(memory="8GiB"), box).reasons == ("needs 8.0 GiB of memory, 4.0 GiB free",)
+
+
+def test_each_reason_carries_a_code_a_program_can_act_on() -> None:
+    cpu_box = worker(slots=4, cpus_used=3, memory=16 * GiB, memory_used=12 * GiB)
+    small = worker(gpus=[gpu(0, "NVIDIA RTX 4090", 24)])
+    held = worker(gpus=[gpu(0)])
+    held.gpus_busy = [held.gpus[0].uuid]
+    cases = [
+        (needs(gpus=1), cpu_box, ("no_gpu",)),
+        (needs(gpus=1, gpu_memory="40GB"), small, ("gpu_memory",)),
+        (needs(gpus=1, gpu_name="H100"), small, ("gpu_name",)),
+        (needs(cpus=8, labels={"zone": "eu"}), cpu_box, ("cpus", "label")),
+        (needs(frameworks=["torch>=2.1"]), cpu_box, ("framework",)),
+        (needs(gpus=1), held, ("gpus_busy",)),
+        (needs(cpus=2, memory="8GiB"), cpu_box, ("cpus_busy", "memory_busy")),
+    ]
+    for requirements, box, codes in cases:
+        fit = check(requirements, box)
+        assert fit.codes == codes, fit
+        assert len(fit.codes) == len(fit.reasons)
+        assert set(fit.codes) <= set(CODES)
+    assert [reason.codes for reason in plan(needs(), []).reasons] == [["no_workers"]]
+    gang = plan(needs(gpus=1), [held, small], nodes=2)
+    assert gang.reasons[0].codes == ["gang"]
+    assert [reason.codes for reason in gang.reasons[1:]] == [["gpus_busy"]]
 
 
 # --- plans ------------------------------------------------------------------------------------------
