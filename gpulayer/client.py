@@ -480,6 +480,11 @@ class Job:
         self.status()
         return self.client.stores.logs.page(self.id, after, limit)
 
+    def log_tail(self, count: int = 50) -> list[tuple[str, LogLine]]:
+        """The last ``count`` stored lines, oldest first, each with its id."""
+        self.status()
+        return self.client.stores.logs.tail(self.id, count)
+
     def why(self) -> Plan:
         """For a queued job: where it would start now, or why each worker cannot run it."""
         spec = self.status().spec

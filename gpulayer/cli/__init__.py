@@ -1,6 +1,7 @@
 """The ``gpulayer`` command line: a thin layer over :class:`gpulayer.Client`."""
 
 from .access import access_group, connect
+from .agents import mcp
 from .app import main
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
@@ -29,6 +30,7 @@ _COMMANDS = (
     server,
     dashboard,
     token,
+    mcp,
 )
 for _command in _COMMANDS:
     main.add_command(_command)

@@ -57,6 +57,14 @@ class LogStore:
         )
         return [parse_entry(entry_id, fields) for entry_id, fields in raw]
 
+    def tail(self, job_id: str, count: int) -> list[tuple[str, LogLine]]:
+        """The last ``count`` stored lines, oldest first, each with its entry id."""
+        raw = cast(
+            list[tuple[bytes, dict[bytes, bytes]]],
+            self._redis.xrevrange(self._keys.logs(job_id), "+", "-", count=count),
+        )
+        return [parse_entry(entry_id, fields) for entry_id, fields in reversed(raw)]
+
 
 def parse_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[str, LogLine]:
     """A stream entry as (its id, the line)."""

@@ -1,0 +1,168 @@
+"""`gpulayer mcp`, driven over stdio by the official MCP SDK's own client, against a real Redis and
+worker: every tool, progress while waiting, bounded logs, read-only refusal, tool errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from gpulayer import Client, JobState
+
+from .conftest import Workers
+
+A100 = json.dumps([{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}])
+WRITE_TOOLS = {"submit_job", "cancel_job", "download_outputs"}
+READ_TOOLS = {"list_workers", "plan_job", "get_job", "list_jobs", "get_logs", "wait_for_job"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@asynccontextmanager
+async def session(env: dict[str, str], *args: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "gpulayer", "mcp", *args], env=env)
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as opened:
+        await opened.initialize()
+        yield opened
+
+
+async def call(agent: ClientSession, tool: str, **arguments: Any) -> Any:
+    result = await agent.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+async def error(agent: ClientSession, tool: str, **arguments: Any) -> str:
+    result = await agent.call_tool(tool, arguments)
+    assert result.is_error
+    text: str = result.content[0].text  # type: ignore[union-attr]
+    assert "\n" not in text
+    return text
+
+
+@pytest.mark.anyio
+async def test_an_agent_plans_submits_waits_reads_and_downloads(
+    client: Client, workers: Workers, env: dict[str, str], tmp_path: Path
+) -> None:
+    workers.start("gpu-box", 2, "--fake-gpus", A100)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.sh").write_text('for i in $(seq 1 300); do echo "step $i"; done; echo 0.93 > acc.txt\n')
+    async with session(env) as agent:
+        tools = {tool.name: tool for tool in (await agent.list_tools()).tools}
+        assert set(tools) == READ_TOOLS | WRITE_TOOLS
+        assert tools["get_job"].annotations is not None
+        assert tools["get_job"].annotations.read_only_hint
+
+        workers_seen = (await call(agent, "list_workers"))["workers"]
+        assert [worker["name"] for worker in workers_seen] == ["gpu-box"]
+        plan = await call(agent, "plan_job", requirements={"gpus": 1, "gpu_memory": "100GB"})
+        assert plan["schedulable"] is False
+        assert plan["reasons"][0]["codes"] == ["gpu_memory"]
+
+        submitted = await call(
+            agent, "submit_job", command=["sh", "train.sh"], source=str(project), outputs=["acc.txt"],
+            requirements={"gpus": 1}, name="sweep-1",
+        )  # fmt: skip
+        job_id = submitted["id"]
+        progress: list[float] = []
+
+        async def seen(done: float, total: float | None, message: str | None) -> None:
+            progress.append(done)
+
+        result = await agent.call_tool(
+            "wait_for_job", {"job_id": job_id, "timeout": 60, "tail": 5}, progress_callback=seen
+        )
+        waited = result.structured_content
+        assert waited["ended"] is True
+        assert waited["state"] == "succeeded"
+        assert [line["text"] for line in waited["log_tail"]] == [f"step {i}" for i in range(296, 301)]
+
+        page = await call(agent, "get_logs", job_id=job_id, after="0-0", limit=100)
+        assert [line["text"] for line in page["lines"]] == [f"step {i}" for i in range(1, 101)]
+        following = await call(agent, "get_logs", job_id=job_id, after=page["next_after"], limit=100)
+        assert following["lines"][0]["text"] == "step 101"
+
+        job = await call(agent, "get_job", job_id=job_id)
+        assert (job["state"], job["exit_code"], job["name"]) == ("succeeded", 0, "sweep-1")
+        listed = await call(agent, "list_jobs", name="sweep")
+        assert [found["id"] for found in listed["jobs"]] == [job_id]
+
+        downloaded = await call(agent, "download_outputs", job_id=job_id, dest=str(tmp_path / "out"))
+        assert downloaded["files"] == [str(tmp_path / "out" / "acc.txt")]
+        assert (tmp_path / "out" / "acc.txt").read_text() == "0.93\n"
+
+        text = (await agent.read_resource(f"gpulayer://jobs/{job_id}/logs")).contents[0]
+        assert text.text.splitlines()[-1] == "step 300"  # type: ignore[union-attr]
+
+
+@pytest.mark.anyio
+async def test_a_long_wait_reports_progress_and_does_not_block_other_calls(
+    client: Client, workers: Workers, env: dict[str, str]
+) -> None:
+    workers.start("w1", 2)
+    long = client.submit(["sleep", "30"])
+    async with session(env) as agent:
+        progress: list[float] = []
+
+        async def seen(done: float, total: float | None, message: str | None) -> None:
+            progress.append(done)
+
+        answers: dict[str, Any] = {}
+
+        async def wait() -> None:
+            result = await agent.call_tool(
+                "wait_for_job", {"job_id": long.id, "timeout": 3}, progress_callback=seen
+            )
+            answers["wait"] = result.structured_content
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(wait)
+            await anyio.sleep(0.5)
+            started = time.monotonic()
+            answers["workers"] = await call(agent, "list_workers")
+            answers["quick"] = time.monotonic() - started
+        assert answers["wait"]["ended"] is False
+        assert answers["wait"]["state"] in ("scheduled", "running")
+        assert len(progress) >= 2
+        assert answers["quick"] < 2.5, "list_workers waited for the wait"
+        assert (await call(agent, "cancel_job", job_id=long.id))["cancelled"] is True
+    assert long.wait(30).state is JobState.CANCELLED
+
+
+@pytest.mark.anyio
+async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict[str, str]) -> None:
+    async with session(env) as agent:
+        assert "no job 'nosuchjob000'" in await error(agent, "get_job", job_id="nosuchjob000")
+        assert "(exit status 2)" in await error(
+            agent, "submit_job", command=["sh", "-c", "true"], requirements={"gpus": -1}
+        )
+        assert "the command is empty" in await error(agent, "submit_job", command=[""])
+        # Arguments that do not fit the tool's input schema: the SDK's own check, a tool error too.
+        assert (await agent.call_tool("get_logs", {"job_id": 123})).is_error
+        # The server is still there.
+        assert (await call(agent, "list_jobs"))["jobs"] == []
+
+
+@pytest.mark.anyio
+async def test_read_only_offers_and_allows_nothing_that_changes_anything(
+    client: Client, env: dict[str, str]
+) -> None:
+    async with session(env, "--read-only") as agent:
+        names = {tool.name for tool in (await agent.list_tools()).tools}
+        assert names == READ_TOOLS
+        refused = await agent.call_tool("submit_job", {"command": ["true"]})
+        assert refused.is_error
+    assert client.jobs() == []
