@@ -9,10 +9,14 @@ one line, tagged with the CLI's exit status; the server itself never stops over 
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -25,6 +29,7 @@ from . import __version__
 from .client import Client, Job
 from .errors import GpulayerError, WaitTimeout
 from .models import JobRecord, JobState, LogLine
+from .unpacking import extract
 
 #: The longest one wait_for_job call waits (s), whatever the agent asks.
 MAX_WAIT = 600.0
@@ -36,6 +41,7 @@ T = TypeVar("T")
 
 _READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 _WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+_DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
 _INSTRUCTIONS = (
     "GPUlayer runs commands on whichever connected worker has the GPUs, CPU slots, memory, "
     "frameworks and labels they ask for. list_workers and plan_job say what is there and why a job "
@@ -57,12 +63,14 @@ def tool_errors(function: Callable[..., T]) -> Callable[..., T]:
     return wrapped
 
 
-def build(client: Client, *, read_only: bool = False) -> MCPServer:
-    """The server, its tools bound to ``client``; ``read_only``: only the tools that change nothing."""
+def build(client: Client, *, read_only: bool = False, remote: bool = False) -> MCPServer:
+    """The server, its tools bound to ``client``; ``read_only``: only the tools that change nothing.
+    ``remote``: for agents on other machines (over HTTP), so no tool touches this machine's files:
+    a job's source comes as an archive, and outputs are fetched from the HTTP API."""
     server = MCPServer("gpulayer", version=__version__, instructions=_INSTRUCTIONS)
     _read_tools(server, client)
     if not read_only:
-        _write_tools(server, client)
+        (_remote_write_tools if remote else _write_tools)(server, client)
 
     @server.resource("gpulayer://jobs/{job_id}/logs", mime_type="text/plain")
     def job_logs(job_id: str) -> str:
@@ -178,32 +186,12 @@ def _write_tools(server: MCPServer, client: Client) -> None:
         .gitignore ignores); ``inputs``: files placed there; ``outputs``: paths or globs kept when it
         ends (download_outputs). ``nodes``/``procs_per_node``: a gang job. The same
         ``idempotency_key`` twice gives the first job. Returns its id and state."""
-        job = client.submit(
-            command,
-            source=_local(source) if source else None,
-            inputs=[_local(path) for path in inputs or []],
-            outputs=outputs or [],
-            env=env,
-            name=name,
-            timeout=timeout,
-            retries=retries,
-            idempotency_key=idempotency_key,
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            **(requirements or {}),
-        )
-        return {"id": job.id, "state": job.status().state.value}
+        folder = _local(source) if source else None
+        named = [_local(path) for path in inputs or []]
+        options = (outputs, env, requirements, name, timeout, retries, idempotency_key, nodes, procs_per_node)
+        return _submitted(client, command, folder, named, *options)
 
-    @server.tool(
-        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)
-    )
-    @tool_errors
-    def cancel_job(job_id: str) -> dict[str, Any]:
-        """Cancel a job: a queued one ends at once, a running one is stopped within about a second.
-        ``cancelled`` is false if it had already ended."""
-        job = client.get(job_id)
-        cancelled = job.cancel()
-        return {"id": job_id, "cancelled": cancelled, "state": job.status().state.value}
+    _cancel_tool(server, client)
 
     @server.tool(annotations=_WRITE)
     @tool_errors
@@ -212,6 +200,97 @@ def _write_tools(server: MCPServer, client: Client) -> None:
         missing); lists the files written."""
         written = client.get(job_id).download_outputs(_local(dest))
         return {"id": job_id, "files": [str(path) for path in written]}
+
+
+def _cancel_tool(server: MCPServer, client: Client) -> None:
+    @server.tool(annotations=_DESTRUCTIVE)
+    @tool_errors
+    def cancel_job(job_id: str) -> dict[str, Any]:
+        """Cancel a job: a queued one ends at once, a running one is stopped within about a second.
+        ``cancelled`` is false if it had already ended."""
+        job = client.get(job_id)
+        cancelled = job.cancel()
+        return {"id": job_id, "cancelled": cancelled, "state": job.status().state.value}
+
+
+def _remote_write_tools(server: MCPServer, client: Client) -> None:
+    @server.tool(name="submit_job", annotations=_WRITE)
+    @tool_errors
+    def submit_remote(
+        command: list[str] | str,
+        source_archive: str | None = None,
+        outputs: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        requirements: dict[str, Any] | None = None,
+        name: str | None = None,
+        timeout: float | None = None,
+        retries: int | None = None,
+        idempotency_key: str | None = None,
+        nodes: int | None = None,
+        procs_per_node: int | None = None,
+    ) -> dict[str, Any]:
+        """Queue ``command`` (a list of arguments, or a string split as a shell would) on a worker
+        that has what ``requirements`` ask for (see plan_job). ``source_archive``: the job's working
+        folder as a tar archive (gzip or not), base64, checked and unpacked as POST /jobs does;
+        ``outputs``: paths or globs kept when it ends (fetch them from the HTTP API's
+        /api/v1/jobs/{id}/outputs). ``nodes``/``procs_per_node``: a gang job. Returns its id and state."""
+        with tempfile.TemporaryDirectory(prefix="gpulayer-mcp-") as scratch:
+            source = None
+            if source_archive is not None:
+                source = Path(scratch) / "source"
+                source.mkdir()
+                try:
+                    archive = base64.b64decode(source_archive, validate=True)
+                except ValueError:
+                    raise ToolError("source_archive is not base64 (exit status 2)") from None
+                extract(io.BytesIO(archive), source, max_bytes=client.settings.max_source_bytes)
+            options = (
+                outputs,
+                env,
+                requirements,
+                name,
+                timeout,
+                retries,
+                idempotency_key,
+                nodes,
+                procs_per_node,
+            )
+            return _submitted(client, command, str(source) if source else None, [], *options)
+
+    _cancel_tool(server, client)
+
+
+def _submitted(
+    client: Client,
+    command: list[str] | str,
+    source: str | None,
+    inputs: list[str],
+    outputs: list[str] | None,
+    env: dict[str, str] | None,
+    requirements: dict[str, Any] | None,
+    name: str | None,
+    timeout: float | None,
+    retries: int | None,
+    idempotency_key: str | None,
+    nodes: int | None,
+    procs_per_node: int | None,
+) -> dict[str, Any]:
+    """What both submit_job tools do, once their files are on this machine."""
+    job = client.submit(
+        command,
+        source=source,
+        inputs=inputs,
+        outputs=outputs or [],
+        env=env,
+        name=name,
+        timeout=timeout,
+        retries=retries,
+        idempotency_key=idempotency_key,
+        nodes=nodes,
+        procs_per_node=procs_per_node,
+        **(requirements or {}),
+    )
+    return {"id": job.id, "state": job.status().state.value}
 
 
 def _waited(job: Job, seconds: float) -> JobRecord:

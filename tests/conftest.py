@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -286,3 +287,39 @@ def served(app: Flask) -> Iterator[str]:
     yield f"127.0.0.1:{server.server_port}"
     server.shutdown()
     app.extensions["gpulayer.hub"].stop()
+
+
+@pytest.fixture
+def web_server(
+    redis_url: str, installation: Installation, tmp_path: Path, env: dict[str, str]
+) -> Iterator[tuple[str, Client]]:
+    """`gpulayer server` in the web role, its address, and a client in the web role."""
+    home = tmp_path / "server-home"
+    accesses.save(home, installation.access("web"))
+    server_env = {**env, "GPULAYER_HOME": str(home)}
+    server_env.pop(accesses.TOKEN_VARIABLE, None)
+    port = free_port()
+    with open(tmp_path / "server.log", "ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
+            env=server_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    client = Client(settings=Settings(home=home), access=accesses.load(home, "web"))
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/api/v1/openapi.json"), what="the server")
+        yield f"127.0.0.1:{port}", client
+    finally:
+        process.terminate()
+        process.wait(20)
+        client.close()
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers an HTTP GET at all."""
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False

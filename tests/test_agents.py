@@ -3,8 +3,11 @@ worker: every tool, progress while waiting, bounded logs, read-only refusal, too
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import sys
+import tarfile
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 from gpulayer import Client, JobState
 
@@ -166,3 +171,52 @@ async def test_read_only_offers_and_allows_nothing_that_changes_anything(
         refused = await agent.call_tool("submit_job", {"command": ["true"]})
         assert refused.is_error
     assert client.jobs() == []
+
+
+@asynccontextmanager
+async def over_http(address: str, token: str) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        streamable_http_client(f"http://{address}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as opened,
+    ):
+        await opened.initialize()
+        yield opened
+
+
+@pytest.mark.anyio
+async def test_over_http_a_token_decides_the_tools_and_the_source_comes_as_an_archive(
+    client: Client, workers: Workers, web_server: tuple[str, Client], tmp_path: Path
+) -> None:
+    address, web = web_server
+    workers.start("w1", 2)
+    submitter, _ = web.create_token("agent", "submitter")
+    viewer, _ = web.create_token("watcher", "viewer")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "hello.sh").write_text("echo hello from the archive\n")
+    packed = io.BytesIO()
+    with tarfile.open(fileobj=packed, mode="w:gz") as tar:
+        tar.add(project / "hello.sh", arcname="hello.sh")
+    async with over_http(address, submitter) as agent:
+        names = {tool.name for tool in (await agent.list_tools()).tools}
+        assert names == READ_TOOLS | {
+            "submit_job",
+            "cancel_job",
+        }  # no tool reads or writes the server's files
+        source = base64.b64encode(packed.getvalue()).decode()
+        job_id = (await call(agent, "submit_job", command=["sh", "hello.sh"], source_archive=source))["id"]
+        waited = await call(agent, "wait_for_job", job_id=job_id, timeout=60)
+        assert waited["state"] == "succeeded"
+        assert [line["text"] for line in waited["log_tail"]] == ["hello from the archive"]
+        assert "not base64" in await error(agent, "submit_job", command=["true"], source_archive="%%%")
+    async with over_http(address, viewer) as agent:
+        assert {tool.name for tool in (await agent.list_tools()).tools} == READ_TOOLS
+        assert (await agent.call_tool("submit_job", {"command": ["true"]})).is_error
+        assert (await call(agent, "get_job", job_id=job_id))["state"] == "succeeded"
+    # Without a token, or with a metrics token: refused before any MCP.
+    metrics, _ = web.create_token("scraper", "metrics")
+    for headers, status in (({}, 401), ({"Authorization": f"Bearer {metrics}"}, 403)):
+        answer = httpx2.post(f"http://{address}/mcp", headers=headers, json={})
+        assert answer.status_code == status

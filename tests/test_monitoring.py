@@ -7,21 +7,18 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpulayer import Client, JobState, Settings
-from gpulayer import access as accesses
+from gpulayer import Client, JobState
 from gpulayer.server import free_port
 
-from .conftest import Installation, Workers, wait_for
+from .conftest import Workers, answers, wait_for
 
 COMPOSE = Path(__file__).resolve().parents[1] / "compose"
 FAKE_GPU = json.dumps([{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}])
@@ -47,38 +44,11 @@ def test_the_shipped_prometheus_config_passes_promtool(tmp_path: Path) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
-@pytest.fixture
-def server(
-    redis_url: str, installation: Installation, tmp_path: Path, env: dict[str, str]
-) -> Iterator[tuple[str, Client]]:
-    """`gpulayer server` in the web role, its address, and a client in the web role."""
-    home = tmp_path / "server-home"
-    accesses.save(home, installation.access("web"))
-    server_env = {**env, "GPULAYER_HOME": str(home)}
-    server_env.pop(accesses.TOKEN_VARIABLE, None)
-    port = free_port()
-    with open(tmp_path / "server.log", "ab") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
-            env=server_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    client = Client(settings=Settings(home=home), access=accesses.load(home, "web"))
-    try:
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/api/v1/openapi.json"), what="the server")
-        yield f"127.0.0.1:{port}", client
-    finally:
-        process.terminate()
-        process.wait(20)
-        client.close()
-
-
 @needs_prometheus
 def test_every_dashboard_expression_answers_from_a_real_scrape(
-    client: Client, workers: Workers, server: tuple[str, Client], tmp_path: Path
+    client: Client, workers: Workers, web_server: tuple[str, Client], tmp_path: Path
 ) -> None:
-    address, web = server
+    address, web = web_server
     workers.start("w1", 2, "--fake-gpus", FAKE_GPU)
     token, _ = web.create_token("prometheus", "metrics")
     config = (COMPOSE / "prometheus.yml").read_text().replace("server:8080", address)
@@ -98,7 +68,7 @@ def test_every_dashboard_expression_answers_from_a_real_scrape(
         )
     try:
         query = _querier(f"http://127.0.0.1:{port}")
-        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/-/ready"), what="Prometheus")
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/-/ready"), what="Prometheus")
         try:
             wait_for(lambda: query('up{job="gpulayer"} == 1'), what="a scrape of the server", timeout=30)
         except AssertionError:
@@ -133,11 +103,3 @@ def _querier(base: str) -> Any:
         return list(found["data"]["result"])
 
     return query
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2):
-            return True
-    except OSError:
-        return False

@@ -11,6 +11,7 @@ from .api import api
 from .dashboard import dashboard
 from .hub import Hub
 from .login import SECURE_COOKIES, login
+from .mcp import mcp_http
 from .metrics import metrics
 from .openapi import openapi
 
@@ -42,6 +43,7 @@ def create_app(
     app.register_blueprint(api)
     app.register_blueprint(metrics)
     app.register_blueprint(openapi)
+    app.register_blueprint(mcp_http)
     sockets.install(app)
     errors.install(app)
     return app
