@@ -148,6 +148,26 @@ async def test_a_long_wait_reports_progress_and_does_not_block_other_calls(
 
 
 @pytest.mark.anyio
+async def test_logs_are_capped_keeping_the_newest_lines_of_a_tail(
+    client: Client, workers: Workers, env: dict[str, str]
+) -> None:
+    workers.start("w1", 1)
+    # 1,000 lines of 200 characters: 200 KB, three times the cap.
+    job = client.submit(["sh", "-c", "for i in $(seq 1 1000); do printf '%0200d\\n' $i; done"])
+    assert job.wait(60).state is JobState.SUCCEEDED
+    async with session(env) as agent:
+        tail = await call(agent, "get_logs", job_id=job.id, tail=1000)
+        assert tail["truncated"] is True
+        assert sum(len(line["text"]) + 1 for line in tail["lines"]) <= 64 * 1024
+        assert int(tail["lines"][-1]["text"]) == 1000
+        page = await call(agent, "get_logs", job_id=job.id, after="0-0", limit=1000)
+        assert page["truncated"] is True
+        assert int(page["lines"][0]["text"]) == 1
+        following = await call(agent, "get_logs", job_id=job.id, after=page["next_after"], limit=5)
+        assert int(following["lines"][0]["text"]) == len(page["lines"]) + 1
+
+
+@pytest.mark.anyio
 async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict[str, str]) -> None:
     async with session(env) as agent:
         assert "no job 'nosuchjob000'" in await error(agent, "get_job", job_id="nosuchjob000")
