@@ -24,6 +24,11 @@ KNOWN_FRAMEWORKS = (
 )
 
 
+#: A worker not heard from for this many of its heartbeats counts as gone: no gang job is placed on
+#: it, and a worker elsewhere may take its name.
+SILENT_BEATS = 3
+
+
 class GPU(BaseModel):
     """One accelerator device. ``index`` is nvidia-smi's numbering (PCI bus order) for CUDA."""
 

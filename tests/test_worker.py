@@ -74,6 +74,26 @@ def test_a_worker_restarted_under_its_name_takes_over_at_once_and_reruns_its_job
     assert [worker.name for worker in client.workers()] == ["w1"]
 
 
+def test_a_live_workers_name_is_refused_unless_taken_over_on_purpose(
+    client: Client, workers: Workers
+) -> None:
+    first = workers.start(name="w1", slots=1)
+    second = workers.start("w1", 1, wait=False)
+    assert second.wait(30) == 1
+    said = workers.log("w1").splitlines()
+    refusal = f"Error: a worker named 'w1' is running (pid {first.pid} on "
+    assert any(
+        line.startswith(refusal) and line.endswith("pass --replace to take the name over") for line in said
+    )
+    assert first.poll() is None
+    assert [(worker.name, worker.pid) for worker in client.workers()] == [("w1", first.pid)]
+    assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED  # the first one goes on
+
+    third = workers.start("w1", 1, "--replace")
+    assert first.wait(30) == 0  # it saw its name taken, and stopped
+    assert [(worker.name, worker.pid) for worker in client.workers()] == [("w1", third.pid)]
+
+
 def test_sigterm_lets_running_jobs_finish(client: Client, workers: Workers) -> None:
     process = workers.start()
     job = client.submit(["sh", "-c", "sleep 1; echo finished"])

@@ -86,6 +86,12 @@ def _worker_options(command: F) -> F:
         ),
         click.option("--burst", is_flag=True, help="Exit once the queues are empty and running jobs ended."),
         click.option(
+            "--replace",
+            is_flag=True,
+            help="Take over --name even from a worker that still runs (it stops); without it, a live "
+            "worker's name is refused.",
+        ),
+        click.option(
             "--workdir",
             type=click.Path(file_okay=False, path_type=Path),
             help="Where job folders are made (default: $GPULAYER_HOME/work/NAME).",
@@ -142,6 +148,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         format_size(worker.offer.memory),
         gpus or f"none ({found.nvml})",
     )
+    worker.check_name(replace=options["replace"])
     _say_who_jobs_run_as(run_as)
     worker.work(burst=options["burst"], logging_level=level)
 

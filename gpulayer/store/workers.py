@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from datetime import datetime
 from functools import partial
 from typing import cast
 
@@ -18,6 +20,25 @@ class WorkerStore:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._redis = redis
         self._keys = keys
+
+    def holder(self, name: str) -> Holder | None:
+        """Who is registered under the worker name ``name`` (its RQ hash), if anyone."""
+        raw = cast(
+            list[bytes | None],
+            self._redis.hmget(
+                self._keys.rq_worker(name), "hostname", "pid", "birth", "last_heartbeat", "gl_heartbeat"
+            ),
+        )
+        host, pid, birth, beat, interval = raw
+        if host is None:
+            return None
+        return Holder(
+            host.decode(errors="replace"),
+            int(pid or 0) if (pid or b"").isdigit() else 0,
+            parse_timestamp(birth),
+            parse_timestamp(beat),
+            float(interval) if interval and interval.replace(b".", b"", 1).isdigit() else 5.0,
+        )
 
     def list(self) -> list[WorkerInfo]:
         """This installation's live workers (RQ's registry holds every installation's), by name.
@@ -49,6 +70,17 @@ class WorkerStore:
         for worker in workers:
             worker.gpus_busy = [gpu.uuid for gpu in worker.gpus if holders.get(gpu.uuid)]
         return workers
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+    """The process registered under a worker's name: where it runs, and when it was last heard."""
+
+    host: str
+    pid: int
+    birth: datetime | None
+    last_heartbeat: datetime | None
+    heartbeat: float
 
 
 def _worker(name: str, raw: dict[bytes, bytes], usage: dict[bytes, bytes], running: int) -> WorkerInfo:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timezone
 
-from ..inventory import WorkerInfo
+from ..inventory import SILENT_BEATS, WorkerInfo
 from ..placement import candidates
 from ..store.gangs import Candidate, GangStore, Hold, Waiting
 from ..store.workers import WorkerStore
 
 log = logging.getLogger("gpulayer.worker")
-#: A worker whose last heartbeat is older than this many of its heartbeat intervals is not given a node.
-_SILENT_BEATS = 3
 #: After one worker tried to place gang jobs, others wait this long (ms) before they try.
 TURN_MS = 100
 
@@ -68,7 +66,7 @@ class GangPlacer:
             worker
             for worker in workers
             if worker.last_heartbeat is not None
-            and (now - worker.last_heartbeat).total_seconds() <= worker.heartbeat * _SILENT_BEATS
+            and (now - worker.last_heartbeat).total_seconds() <= worker.heartbeat * SILENT_BEATS
         ]
 
     @staticmethod

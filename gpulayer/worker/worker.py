@@ -25,10 +25,12 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
+import psutil
 import redis.exceptions
 from pydantic import ValidationError
 from redis import Redis
@@ -39,7 +41,7 @@ from rq.worker import BaseWorker, WorkerStatus
 
 from ..errors import ConfigError, UntrustedPayload
 from ..home import private_folder
-from ..inventory import Offer, WorkerInfo
+from ..inventory import SILENT_BEATS, Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
 from ..server import address_towards
 from ..settings import Settings
@@ -48,6 +50,7 @@ from ..store.execution import Claim, Claimed, ClaimRequest
 from ..store.gangs import Hold
 from ..store.jobs import parse_spec
 from ..store.stores import Stores
+from ..store.workers import Holder
 from .calling import CallLaunch
 from .endings import StopReason
 from .executors import ExecutorPool
@@ -220,6 +223,18 @@ class Worker(BaseWorker):
         )
         return fields
 
+    def check_name(self, *, replace: bool = False) -> None:
+        """Refuse (:class:`ConfigError`) a name a live worker holds: on this machine, one whose
+        process still runs; elsewhere, one heard from within three heartbeats. ``replace``: take it
+        over anyway (the other process then stops). A dead holder's name is taken over at once."""
+        holder = self._stores.workers.holder(self.display_name)
+        if holder is None or replace or not _alive(holder, self.hostname or ""):
+            return
+        raise ConfigError(
+            f"a worker named {self.display_name!r} is running (pid {holder.pid} on {holder.host}): "
+            "give this one another --name, or pass --replace to take the name over"
+        )
+
     def register_birth(self) -> None:
         """Take over this name at once: a previous process under it (a machine that rebooted) gives
         its jobs back to their queues, and its registration is replaced."""
@@ -238,6 +253,8 @@ class Worker(BaseWorker):
         self._stores.telemetry.announce(self.display_name, "joined")
 
     def register_death(self) -> None:
+        if self._keeper is not None and self._keeper.taken_over.is_set():
+            return  # the registration under this name is the new holder's now: it stays
         super().register_death()  # type: ignore[no-untyped-call]
         self._stores.telemetry.announce(self.display_name, "left")
 
@@ -594,6 +611,21 @@ class Worker(BaseWorker):
         if self._context.functions is not None:
             self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+def _alive(holder: Holder, host: str) -> bool:
+    """Whether the process registered under a name still runs: by its pid on this machine (a
+    process started after the registration is another one), else by its heartbeats."""
+    if holder.host == host:
+        try:
+            started = psutil.Process(holder.pid).create_time()
+        except (psutil.Error, ValueError):
+            return False
+        return holder.pid != os.getpid() and (holder.birth is None or started <= holder.birth.timestamp() + 1)
+    if holder.last_heartbeat is None:
+        return False
+    silent = (datetime.now(timezone.utc) - holder.last_heartbeat).total_seconds()
+    return silent <= holder.heartbeat * SILENT_BEATS
 
 
 def _timing(lease_ttl: float, heartbeat: float) -> tuple[float, float]:
