@@ -148,7 +148,9 @@ def stack() -> Iterator[Stack]:
     try:
         made.compose("up", "-d", "--no-build", "--scale", "worker=2", "redis", "server", "worker")
         deadline = time.monotonic() + 60
-        while True:
+        # The token once (its name is then taken), then the API: the server may listen after the
+        # CLI in its container can already reach Redis.
+        while not made.token:
             try:
                 made.token = made.compose(
                     "exec",
@@ -162,10 +164,15 @@ def stack() -> Iterator[Stack]:
                     "--role",
                     "submitter",
                 ).strip()
+            except AssertionError:
+                assert time.monotonic() < deadline, "the stack's server container did not answer"
+                time.sleep(0.5)
+        while True:
+            try:
                 made.call("GET", "/api/v1/workers")
                 break
-            except (AssertionError, OSError):
-                assert time.monotonic() < deadline, "the stack's server did not answer"
+            except OSError:
+                assert time.monotonic() < deadline, "the stack's API did not answer"
                 time.sleep(0.5)
         yield made
     finally:
