@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -15,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 
 import redis
 
@@ -119,3 +122,21 @@ def stop(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM a worker and wait for it to exit."""
     process.send_signal(signal.SIGTERM)
     process.wait(30)
+
+
+def dramatiq_tasks_on(url: str) -> ModuleType | None:
+    """benchmarks/dramatiq_tasks.py with its broker on the (flushed) Redis at ``url``; None where
+    Dramatiq is not installed (``pip install -r benchmarks/requirements.txt``)."""
+    if importlib.util.find_spec("dramatiq") is None:
+        return None
+    flush(url)
+    os.environ["BENCH_REDIS_URL"] = url
+    return importlib.import_module("dramatiq_tasks")
+
+
+def dramatiq_workers(url: str) -> subprocess.Popen[bytes]:
+    """Dramatiq's workers for those tasks, 2 processes x 4 threads, once they have had time to start."""
+    command = [python(), "-m", "dramatiq", "dramatiq_tasks", "--processes", "2", "--threads", "4"]
+    workers = spawn(command, env={"BENCH_REDIS_URL": url})
+    time.sleep(5)  # Dramatiq's workers say nothing when ready: give them time to start.
+    return workers

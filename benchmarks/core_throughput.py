@@ -19,7 +19,6 @@ Workers log at WARNING on both sides, so the numbers measure the queue, not the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import resource
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 import psutil
 import redis
 from _common import (
+    dramatiq_tasks_on,
+    dramatiq_workers,
     flush,
     gpulayer_worker,
     median,
@@ -152,17 +153,12 @@ def rq_end_to_end(url: str, jobs: int) -> dict[str, float]:
 def dramatiq_end_to_end(url: str, jobs: int) -> dict[str, float] | None:
     """The same with Dramatiq, 2 processes x 4 threads, waiting on each message's result; None
     where Dramatiq is not installed (``pip install -r benchmarks/requirements.txt``)."""
-    if importlib.util.find_spec("dramatiq") is None:
+    tasks = dramatiq_tasks_on(url)
+    if tasks is None:
         return None
-    flush(url)
-    os.environ["BENCH_REDIS_URL"] = url
-    import dramatiq_tasks
-
-    command = [python(), "-m", "dramatiq", "dramatiq_tasks", "--processes", "2", "--threads", "4"]
-    workers = spawn(command, env={"BENCH_REDIS_URL": url})
-    time.sleep(5)  # Dramatiq's workers say nothing when ready: give them time to start.
+    workers = dramatiq_workers(url)
     started = time.perf_counter()
-    messages = [dramatiq_tasks.run_command.send("true") for _ in range(jobs)]
+    messages = [tasks.run_command.send("true") for _ in range(jobs)]
     submitted = time.perf_counter()
     assert all(message.get_result(block=True, timeout=120_000) == 0 for message in messages)
     ended = time.perf_counter()
@@ -191,13 +187,10 @@ def submit_costs(url: str, home: Path, jobs: int) -> dict[str, float]:
     costs["rq enqueue"] = _per_job_ms(lambda: [queue.enqueue(RQ_FUNCTION, "true") for _ in range(jobs)], jobs)
     prepared = [Queue.prepare_data(RQ_FUNCTION, ("true",)) for _ in range(jobs)]
     costs["rq enqueue_many"] = _per_job_ms(lambda: queue.enqueue_many(prepared), jobs)
-    if importlib.util.find_spec("dramatiq") is not None:
-        flush(url)
-        os.environ["BENCH_REDIS_URL"] = url
-        import dramatiq_tasks
-
+    tasks = dramatiq_tasks_on(url)
+    if tasks is not None:
         costs["dramatiq send"] = _per_job_ms(
-            lambda: [dramatiq_tasks.run_command.send("true") for _ in range(jobs)], jobs
+            lambda: [tasks.run_command.send("true") for _ in range(jobs)], jobs
         )
     return costs
 

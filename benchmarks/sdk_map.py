@@ -19,7 +19,6 @@ default forking ``Worker`` and with ``SimpleWorker``. Workers log at WARNING on 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import time
 from collections.abc import Callable
@@ -27,12 +26,13 @@ from pathlib import Path
 
 import redis
 from _common import (
+    dramatiq_tasks_on,
+    dramatiq_workers,
     flush,
     gpulayer_worker,
     median,
     percentile,
     private_installation,
-    python,
     rq_worker,
     save,
     spawn,
@@ -136,19 +136,14 @@ def rq_run(url: str, calls: int, runs: int, repeats: int, worker_class: str) -> 
 def dramatiq_run(url: str, calls: int, repeats: int) -> dict[str, float] | None:
     """Dramatiq's no-op rate: ``calls`` sends, then each result in order, 2 processes x 4 threads;
     None where Dramatiq is not installed (``pip install -r benchmarks/requirements.txt``)."""
-    if importlib.util.find_spec("dramatiq") is None:
+    tasks = dramatiq_tasks_on(url)
+    if tasks is None:
         return None
-    flush(url)
-    os.environ["BENCH_REDIS_URL"] = url
-    import dramatiq_tasks
-
-    command = [python(), "-m", "dramatiq", "dramatiq_tasks", "--processes", "2", "--threads", "4"]
-    workers = spawn(command, env={"BENCH_REDIS_URL": url})
-    time.sleep(5)  # Dramatiq's workers say nothing when ready: give them time to start.
-    assert dramatiq_tasks.noop.send(0).get_result(block=True, timeout=60_000) == 0
+    workers = dramatiq_workers(url)
+    assert tasks.noop.send(0).get_result(block=True, timeout=60_000) == 0
 
     def mapped() -> None:
-        messages = [dramatiq_tasks.noop.send(i) for i in range(calls)]
+        messages = [tasks.noop.send(i) for i in range(calls)]
         assert [message.get_result(block=True, timeout=60_000) for message in messages] == list(range(calls))
 
     seconds = timed(repeats, mapped)
