@@ -27,6 +27,9 @@ class LocalState(BaseModel):
     worker_name: str | None = None
     #: The user the local worker runs its jobs as, if not its own.
     run_as: str | None = None
+    #: What the local worker was told to offer (None: what it detects), for an `up` that restarts it.
+    slots: int | None = None
+    gpus: str | None = None
     #: The HTTP API and dashboard server, on 127.0.0.1.
     web_pid: int | None = None
     web_port: int | None = None

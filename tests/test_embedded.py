@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 
 from gpulayer import access as accesses
+from gpulayer import home as local
 from gpulayer.server import redis_server_binary
 from tests.conftest import gpulayer
 
@@ -86,3 +87,29 @@ def test_down_stops_both_and_the_next_up_finds_the_jobs_again(up_env: dict[str, 
     assert gpulayer(up_env, "up").returncode == 0
     status = json.loads(gpulayer(up_env, "status", job_id, "--json").stdout)
     assert status["state"] == "succeeded"
+
+
+def test_up_after_its_worker_died_keeps_the_web_server_and_down_stops_it(up_env: dict[str, str]) -> None:
+    home = Path(up_env["GPULAYER_HOME"])
+    assert gpulayer(up_env, "up", "--name", "laptop").returncode == 0
+    first = json.loads((home / "server.json").read_text())
+    psutil.Process(first["worker_pid"]).kill()
+    psutil.Process(first["worker_pid"]).wait(10)
+
+    changed = gpulayer(up_env, "up", "--slots", "3")
+    assert changed.returncode == 1
+    assert changed.stderr == (
+        "Error: part of GPUlayer still runs here: run `gpulayer down` first to change it\n"
+    )
+    again = gpulayer(up_env, "up")
+    assert again.returncode == 0, again.stderr
+    second = json.loads((home / "server.json").read_text())
+    assert (second["web_pid"], second["web_port"], second["redis_pid"]) == (
+        first["web_pid"], first["web_port"], first["redis_pid"]
+    )  # fmt: skip
+    assert second["worker_pid"] != first["worker_pid"]
+    assert second["worker_name"] == "laptop"
+    assert gpulayer(up_env, "submit", "--wait", "--", "true").returncode == 0
+
+    assert gpulayer(up_env, "down").returncode == 0
+    assert not any(local.alive(second[key]) for key in ("redis_pid", "worker_pid", "web_pid"))

@@ -95,29 +95,36 @@ def up(
     join` line that adds another machine, and, the first time, an admin token."""
     settings = Settings.from_env(redis_url=redis_url)
     home = local.private_folder(settings.home)
-    state = local.load(home)
-    if state and local.alive(state.worker_pid) and (not state.embedded or local.alive(state.redis_pid)):
-        changes = any(
-            option is not None for option in (redis_url, port, bind, name, slots, gpus, run_as, web_port)
-        )
+    previous = local.load(home)
+    options = (redis_url, port, bind, name, slots, gpus, run_as, web_port)
+    changes = any(option is not None for option in options)
+    if previous and _all_running(previous):
         click.echo(
             "GPUlayer is already up here" + ("; run `gpulayer down` first to change it." if changes else ".")
         )
-        _summary(state, home)
+        _summary(previous, home)
         return
+    if previous and changes and _any_running(previous):
+        raise ServerError("part of GPUlayer still runs here: run `gpulayer down` first to change it")
     if settings.redis_url:
         installation = _external(home, settings.redis_url, settings.prefix)
         state = local.LocalState(embedded=False)
     else:
-        installation, state = _start_embedded(home, state, settings.prefix, port, bind, insecure)
+        installation, state = _start_embedded(home, previous, settings.prefix, port, bind, insecure)
     installation.save_accesses(home)
+    if previous:
+        _carry_over(previous, state)
     local.save(home, state)
-    state.worker_name, state.run_as = name or socket.gethostname(), run_as
-    state.worker_pid = _start_worker(home, installation, state.worker_name, slots, gpus, run_as)
-    local.save(home, state)
-    state.web_port = web_port or (WEB_PORT if _port_free(WEB_PORT) else free_port())
-    state.web_pid = _start_web(home, state.web_port)
-    local.save(home, state)
+    if not local.alive(state.worker_pid):
+        state.worker_name = name or state.worker_name or socket.gethostname()
+        state.run_as, state.slots = run_as or state.run_as, slots or state.slots
+        state.gpus = gpus or state.gpus
+        state.worker_pid = _start_worker(home, installation, state)
+        local.save(home, state)
+    if not local.alive(state.web_pid):
+        state.web_port = web_port or (WEB_PORT if _port_free(WEB_PORT) else free_port())
+        state.web_pid = _start_web(home, state.web_port)
+        local.save(home, state)
     click.echo("GPUlayer is up.")
     _summary(state, home)
     token = _admin_token(installation)
@@ -140,9 +147,7 @@ def down(timeout: float) -> None:
     embedded Redis (its data stays for the next `up`)."""
     settings = Settings.from_env()
     state = local.load(settings.home)
-    if state is None or not any(
-        local.alive(pid) for pid in (state.worker_pid, state.redis_pid, state.web_pid)
-    ):
+    if state is None or not _any_running(state):
         click.echo("GPUlayer is not running here.")
         return
     if state.web_pid and local.alive(state.web_pid):
@@ -213,6 +218,29 @@ def _start_embedded(
     return installation, local.LocalState(embedded=True, port=port, bind=bind, redis_pid=process.pid)
 
 
+def _carry_over(previous: local.LocalState, state: local.LocalState) -> None:
+    """What still runs of an earlier `up` (a worker or web server whose partner died) is kept, not
+    started twice: a second worker would fight over the name, a second server leak on its port. A
+    worker that died is started again as it was."""
+    state.worker_name, state.run_as = previous.worker_name, previous.run_as
+    state.slots, state.gpus = previous.slots, previous.gpus
+    state.worker_pid = previous.worker_pid if local.alive(previous.worker_pid) else None
+    if local.alive(previous.web_pid):
+        state.web_pid, state.web_port = previous.web_pid, previous.web_port
+
+
+def _all_running(state: local.LocalState) -> bool:
+    return all(local.alive(pid) for pid in _pids(state))
+
+
+def _any_running(state: local.LocalState) -> bool:
+    return any(local.alive(pid) for pid in _pids(state))
+
+
+def _pids(state: local.LocalState) -> list[int | None]:
+    return [state.worker_pid, state.web_pid, *([state.redis_pid] if state.embedded else [])]
+
+
 def _external(home: Path, redis_url: str, prefix: str) -> Installation:
     """The installation of a Redis the user runs: the one `gpulayer access init` made for it, or a new
     one whose roles are made on it now (``redis_url`` must then be allowed ACL SETUSER)."""
@@ -235,18 +263,17 @@ def _child_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _start_worker(
-    home: Path, installation: Installation, name: str, slots: int | None, gpus: str | None, run_as: str | None
-) -> int:
-    """The local worker, as the worker role (its access is in the home; nothing secret on its
-    command line or in its environment)."""
+def _start_worker(home: Path, installation: Installation, state: local.LocalState) -> int:
+    """The local worker ``state`` describes, as the worker role (its access is in the home; nothing
+    secret on its command line or in its environment)."""
+    name = state.worker_name or socket.gethostname()
     command = [sys.executable, "-m", "gpulayer", "worker", "start", "--name", name]
-    if slots:
-        command += ["--slots", str(slots)]
-    if gpus:
-        command += ["--gpus", gpus]
-    if run_as:
-        command += ["--run-as", run_as]
+    if state.slots:
+        command += ["--slots", str(state.slots)]
+    if state.gpus:
+        command += ["--gpus", state.gpus]
+    if state.run_as:
+        command += ["--run-as", state.run_as]
     log = home / "logs" / "worker.log"
     with os.fdopen(local.open_log(log), "ab") as log_file:
         process = subprocess.Popen(

@@ -139,8 +139,14 @@ class FitLoop:
             device_ids = [session.device.index] if session.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(_TrainingStep(self.module), device_ids=device_ids)
             self.step = self.ddp
-        while not self.done():
-            self.epoch()
+        try:
+            while not self.done():
+                self.epoch()
+        finally:
+            # The trainer keeps its loop for checkpoints; a DDP wrapper that outlives the fit holds
+            # the process group into the interpreter's teardown, where gloo's threads abort it.
+            self.ddp = None
+            self.step = self.module.training_step
 
     def done(self) -> bool:
         trainer = self.trainer

@@ -9,6 +9,7 @@ every collective here returns at once without touching ``torch.distributed``.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -111,4 +112,5 @@ def leave() -> None:
     """Leave the process group. No barrier here: each Trainer call ends with one, and after a rank
     failed a barrier at exit would pair with whatever collective its peers are stuck in."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()  # what still holds the group (a DDP reducer in a cycle) lets go before it goes
         dist.destroy_process_group()
