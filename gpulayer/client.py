@@ -8,10 +8,13 @@ import os
 import secrets
 import shlex
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, cast
+
+from redis.exceptions import RedisError
 
 from . import access as accesses
 from . import archive, placement
@@ -19,6 +22,7 @@ from .access import Access
 from .calls import Call, CallOptions, Calls
 from .errors import (
     ArtifactTooLarge,
+    GpulayerError,
     InvalidJobSpec,
     JobNotFinished,
     JobNotFound,
@@ -489,6 +493,28 @@ class Job:
         """For a queued job: where it would start now, or why each worker cannot run it."""
         spec = self.status().spec
         return self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
+
+    @contextlib.contextmanager
+    def saying_why_queued(self, after: float, say: Callable[[str], None]) -> Iterator[None]:
+        """While the block runs (a wait): if the job is still queued ``after`` seconds in, ``say`` a line
+        saying so and each line of :meth:`why`, once. A caller that waits would otherwise see nothing
+        of a job no connected worker can start yet."""
+
+        def hint() -> None:
+            try:
+                if self.status().state is JobState.QUEUED:
+                    for line in [f"job {self.id} is still queued:", *self.why().lines()]:
+                        say(line)
+            except (GpulayerError, RedisError):
+                pass  # a hint only: the wait itself reports what went wrong
+
+        timer = threading.Timer(after, hint)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     def cancel(self) -> bool:
         """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about

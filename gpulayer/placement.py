@@ -81,6 +81,23 @@ class Plan(BaseModel):
     #: The job's nodes: 1, or the distinct workers a gang job needs.
     nodes: int = 1
 
+    def lines(self) -> list[str]:
+        """The plan in words: where it would start, or a heading and one line per worker why not."""
+        if self.workers:
+            heading = f"would start on {', '.join(self.workers)} now (the least busy workers that fit)"
+        elif self.worker:
+            heading = f"would start on {self.worker} now (the least busy worker that fits)"
+        elif self.schedulable:
+            heading = "waiting for busy workers:" if self.nodes > 1 else "waiting for a busy worker:"
+        elif self.nodes > 1:
+            heading = f"no {self.nodes} connected workers could ever run this gang job together:"
+        else:
+            heading = "no connected worker could ever run this job:"
+        return [heading] + [
+            f"  {reason.worker}: {reason.reason}" if reason.worker else f"  {reason.reason}"
+            for reason in self.reasons
+        ]
+
 
 def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:
     """The GPUs a job may use: the right kind, enough memory, a matching name."""

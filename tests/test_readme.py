@@ -49,6 +49,9 @@ def test_the_readmes_run_command_works_in_a_fresh_clone(tmp_path: Path) -> None:
         assert "GPUlayer is up." in result.stdout
         assert re.search(r"^hello, world: job \w+ ran on ", result.stdout, re.MULTILINE), result.stdout
         assert "wrote greeting.txt" in result.stdout
+        # --wait brought the output back, and the hint names the command as this shell runs it.
+        assert (clone / "greeting.txt").is_file()
+        assert "Try:  .venv/bin/gpulayer submit --wait -- echo hello" in result.stdout.splitlines()
         assert re.search(r"^job \w+ succeeded$", result.stderr, re.MULTILINE), result.stderr
     finally:
         with contextlib.suppress(OSError, subprocess.SubprocessError):

@@ -320,7 +320,7 @@ def test_two_ranks_reach_the_loss_one_process_reaches_on_the_same_data(tmp_path:
 
 
 def test_num_nodes_runs_the_fit_as_a_gang_job_and_brings_its_run_folder_back(
-    client: gl.Client, workers: Workers, home: Path, tmp_path: Path
+    client: gl.Client, workers: Workers, home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two workers, one rank each: the same loss as two local ranks, rank 0's weights and its run
     folder here, the job's parts on both workers."""
@@ -344,6 +344,11 @@ def test_num_nodes_runs_the_fit_as_a_gang_job_and_brings_its_run_folder_back(
     (job,) = client.jobs()
     assert job.state is gl.JobState.SUCCEEDED
     assert sorted(part.worker for part in job.parts) == ["node-a", "node-b"]
+    # The caller hears of the job at once, not only when it ends.
+    assert (
+        f"gpulayer: the Trainer's 2 x 1 ranks run as job {job.id} (`gpulayer logs -f {job.id}` follows them)"
+        in capsys.readouterr().err.splitlines()
+    )
 
 
 def test_early_stopping_stops_every_rank_after_the_same_epoch(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The quickstart's job: says where it ran and writes greeting.txt, which `gpulayer outputs` fetches."""
+"""The quickstart's job: says where it ran and writes greeting.txt, which `submit --wait` brings back."""
 
 import os
 import platform

@@ -3,6 +3,10 @@ and turning errors into one line and an exit code."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import shutil
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +29,20 @@ URL_KEY = "gpulayer.redis_url"
 #: How a job's end becomes the exit status of `submit --wait` and `wait`.
 EXIT_TIMED_OUT = 124
 EXIT_CANCELLED = 130
+#: Ctrl-C stopped a wait (as a shell reports SIGINT); the job goes on.
+EXIT_INTERRUPTED = 130
+
+
+def invoked_as() -> str:
+    """How this shell runs ``gpulayer`` again: the bare name where PATH finds this one, else the path it
+    was started by (a virtualenv's ``.venv/bin/gpulayer``, not on PATH), or ``python -m gpulayer``."""
+    started = sys.argv[0]
+    if started.endswith("__main__.py"):
+        return f"{shlex.quote(sys.executable)} -m gpulayer"
+    found = shutil.which("gpulayer")
+    if found and os.path.exists(started) and os.path.samefile(found, started):
+        return "gpulayer"
+    return shlex.quote(started)
 
 
 class CommandError(click.ClickException):

@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from ..client import Job
-from ..errors import WaitTimeout
+from ..errors import GpulayerError, WaitTimeout
 from ..models import JobRecord, JobState, Launcher, LogLine, RetryOn
-from .app import duration, job_exit_code, key_values, open_client, redis_url_option, requirement_options
+from .app import (
+    EXIT_INTERRUPTED,
+    duration,
+    job_exit_code,
+    key_values,
+    open_client,
+    redis_url_option,
+    requirement_options,
+)
 from .placement import print_plan
 
 #: How long `cancel` waits to report that a running job has stopped.
 _CANCEL_WAIT = 10.0
+#: How long `submit --wait` lets a job sit in the queue before it says why it waits.
+QUEUED_HINT_AFTER = 3.0
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
@@ -95,7 +108,17 @@ _CANCEL_WAIT = 10.0
     type=click.Choice(["direct", "torchrun"]),
     help="How a gang job's ranks start: by the worker, with torchrun's environment (default), or torchrun.",
 )
-@click.option("--wait", is_flag=True, help="Stream the job's logs and exit with its exit code.")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Stream the job's logs, bring its outputs back into --dest, and exit with its exit code.",
+)
+@click.option(
+    "--dest",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("."),
+    help="With --wait: the folder its outputs are unpacked into (default: this one).",
+)
 @redis_url_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -116,6 +139,7 @@ def submit(
     gpus_per_node: int | None,
     launcher: Launcher | None,
     wait: bool,
+    dest: Path,
     redis_url: str | None,
     command: tuple[str, ...],
     **requirements: Any,
@@ -154,12 +178,57 @@ def submit(
     )
     if not wait:
         click.echo(job.id)
+        _warn_if_no_worker_fits(job)
         return
     click.echo(f"job {job.id} queued", err=True)
-    _print_lines(job, follow=True)
-    record = job.wait()
+    with _interruptible(job), job.saying_why_queued(QUEUED_HINT_AFTER, _say):
+        _print_lines(job, follow=True)
+        record = job.wait()
     _report_end(record)
+    if outputs:
+        _bring_back(job, dest)
     sys.exit(job_exit_code(record))
+
+
+def _warn_if_no_worker_fits(job: Job) -> None:
+    """A job left queued with no connected worker that could ever run it is said so, not silently."""
+    plan = job.why()
+    if not plan.schedulable:
+        click.echo(f"gpulayer: job {job.id} waits in the queue; it cannot start yet:", err=True)
+        print_plan(plan, err=True)
+
+
+def _say(line: str) -> None:
+    click.echo(f"gpulayer: {line}", err=True)
+
+
+def _bring_back(job: Job, dest: Path) -> None:
+    """The outputs of a job `submit --wait` followed, unpacked into ``dest``; what could not be brought
+    back is said, and the exit code stays the job's."""
+    try:
+        for path in job.download_outputs(dest):
+            click.echo(f"gpulayer: output {path}", err=True)
+    except GpulayerError as exc:
+        click.echo(f"gpulayer: {exc} (later: gpulayer outputs {job.id} --dest DIR)", err=True)
+
+
+@contextmanager
+def _interruptible(job: Job) -> Iterator[None]:
+    """Ctrl-C stops the waiting, not the job, and says so and how to stop it (exit 130, as a shell's)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        _interrupted(job)
+
+
+def _interrupted(job: Job) -> NoReturn:
+    click.echo("", err=True)
+    click.echo(
+        f"gpulayer: stopped waiting; job {job.id} goes on "
+        f"(`gpulayer cancel {job.id}` stops it, `gpulayer logs -f {job.id}` follows it again)",
+        err=True,
+    )
+    sys.exit(EXIT_INTERRUPTED)
 
 
 @click.command(name="jobs")
@@ -186,7 +255,7 @@ def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | Non
                 record.worker or "-",
                 record.created_at.astimezone().strftime("%m-%d %H:%M:%S"),
                 _elapsed(record),
-                " ".join(record.command)[:60],
+                _one_line(" ".join(record.command))[:60],
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -261,8 +330,17 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
 @redis_url_option
 def logs(job_id: str, follow: bool, rank: int | None, redis_url: str | None) -> None:
     """A job's output: stdout lines to stdout, stderr and GPUlayer's own lines to stderr. The lines
-    of a gang job's ranks start with their rank, unless --rank picks one."""
-    _print_lines(open_client(redis_url).get(job_id), follow=follow, rank=rank)
+    of a gang job's ranks start with their rank, unless --rank picks one. With --follow, ends with the
+    job's end, and exits with its exit code as `wait` does."""
+    job = open_client(redis_url).get(job_id)
+    if not follow:
+        _print_lines(job, follow=False, rank=rank)
+        return
+    with _interruptible(job):
+        _print_lines(job, follow=True, rank=rank)
+        record = job.wait()
+    _report_end(record)
+    sys.exit(job_exit_code(record))
 
 
 @click.command()
@@ -271,7 +349,9 @@ def logs(job_id: str, follow: bool, rank: int | None, redis_url: str | None) -> 
 @redis_url_option
 def wait(job_id: str, timeout: float | None, redis_url: str | None) -> None:
     """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled)."""
-    record = open_client(redis_url).get(job_id).wait(timeout)
+    job = open_client(redis_url).get(job_id)
+    with _interruptible(job):
+        record = job.wait(timeout)
     _report_end(record)
     sys.exit(job_exit_code(record))
 
@@ -350,3 +430,12 @@ def _outputs_text(record: JobRecord) -> str | None:
     if record.outputs.missing:
         text += "; not produced: " + ", ".join(record.outputs.missing)
     return text
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its control characters (a newline in a command) written as escapes, so a table
+    row stays one row."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -42,19 +42,11 @@ def plan(redis_url: str | None, **requirements: Any) -> None:
     sys.exit(0 if result.schedulable else 1)
 
 
-def print_plan(plan: Plan) -> None:
-    if plan.workers:
-        click.echo(f"would start on {', '.join(plan.workers)} now (the least busy workers that fit)")
-    elif plan.worker:
-        click.echo(f"would start on {plan.worker} now (the least busy worker that fits)")
-    elif plan.schedulable:
-        click.echo("waiting for busy workers:" if plan.nodes > 1 else "waiting for a busy worker:")
-    elif plan.nodes > 1:
-        click.echo(f"no {plan.nodes} connected workers could ever run this gang job together:")
-    else:
-        click.echo("no connected worker could ever run this job:")
-    for reason in plan.reasons:
-        click.echo(f"  {reason.worker}: {reason.reason}" if reason.worker else f"  {reason.reason}")
+def print_plan(plan: Plan, *, err: bool = False) -> None:
+    """``plan`` as `plan` and `why` print it; with ``err``, to stderr, each line marked as GPUlayer's
+    (a hint among a job's own output)."""
+    for line in plan.lines():
+        click.echo(f"gpulayer: {line}" if err else line, err=err)
 
 
 @click.command()

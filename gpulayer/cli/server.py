@@ -34,7 +34,7 @@ from ..server import (
 from ..settings import Settings
 from ..store import acl
 from ..store.keys import Keys
-from .app import duration, redis_url_option
+from .app import duration, invoked_as, redis_url_option
 
 #: How long `up` waits for its worker to register, and for its web server to answer.
 _WORKER_START = 20.0
@@ -405,4 +405,4 @@ def _summary(state: local.LocalState, home: Path) -> None:
             "or run workers on other machines only."
         )
     click.echo("")
-    click.echo("Try:  gpulayer submit --wait -- echo hello")
+    click.echo(f"Try:  {invoked_as()} submit --wait -- echo hello")

@@ -15,6 +15,7 @@ import io
 import os
 import random
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 
 #: Where rank 0 of a gang job keeps the run folder, under the machine's temporary folder.
 JOB_RUNS = "gpulayer-runs"
+#: How long the job may wait in the queue before the caller is told why.
+QUEUED_HINT_AFTER = 5.0
 
 
 def run_job(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> dict[str, Any]:
@@ -47,7 +50,13 @@ def run_job(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> 
     job = DistributedJob(
         _rank, nodes=trainer.num_nodes, procs_per_node=trainer.devices, args=(trainer, work, seed), **options
     ).submit(client)
-    outcome: dict[str, Any] = FunctionHandle(job).result()
+    print(
+        f"gpulayer: the Trainer's {trainer.num_nodes} x {trainer.devices} ranks run as job {job.id} "
+        f"(`gpulayer logs -f {job.id}` follows them)",
+        file=sys.stderr,
+    )
+    with job.saying_why_queued(QUEUED_HINT_AFTER, lambda line: print(f"gpulayer: {line}", file=sys.stderr)):
+        outcome: dict[str, Any] = FunctionHandle(job).result()
     trainer.run_dir.mkdir(parents=True, exist_ok=True)
     run_folder = io.BytesIO(outcome.pop("run_folder"))
     extract(run_folder, trainer.run_dir, max_bytes=Settings.from_env().max_job_bytes, replace=True)
