@@ -22,7 +22,8 @@ from types import ModuleType
 import redis
 
 from gpulayer import access
-from gpulayer.server import free_port, start_redis, wait_ready
+from gpulayer.network import free_port
+from gpulayer.server import start_redis, wait_ready
 from gpulayer.signing import Keyring
 
 HERE = Path(__file__).resolve().parent

@@ -29,7 +29,7 @@ from _common import gpulayer_worker, median, percentile, private_installation, s
 from simple_websocket import Client as WebSocket
 
 from gpulayer import Client, Settings
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 
 
 def hammer(

@@ -64,7 +64,7 @@ from _common import median, save
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer as gl
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 
 SAMPLES, BATCH, FEATURES = 8192, 64, 32
 WARM_EPOCHS = 2

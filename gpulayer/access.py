@@ -172,7 +172,11 @@ def read_token(source: str | None, environ: Mapping[str, str] | None = None) -> 
 def describe(access: Access) -> str:
     """Which role, user and Redis, without the password."""
     parts = urlsplit(access.redis_url)
-    where = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
+    if parts.scheme == "unix":
+        where = f"unix://{parts.path}"
+    else:
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or "localhost"
+        where = f"{parts.scheme}://{host}:{parts.port or 6379}"
     user = parts.username or "default"
     secure = ", TLS" if parts.scheme == "rediss" else ""
     return f"{access.role or 'a bare URL'} (Redis user {user} at {where}{secure})"

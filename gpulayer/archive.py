@@ -24,6 +24,9 @@ from .units import format_size
 ALWAYS_SKIPPED = frozenset({".git", "__pycache__", ".venv"})
 # Fast rather than small: archives are made and unpacked on the critical path of a job's start.
 _GZIP_LEVEL = 1
+#: An archive on its way to or from Redis stays in memory up to this size (a temporary file past it):
+#: most are small, and a large one must not take a process's memory.
+SPOOL_BYTES = 16 * 1024 * 1024
 
 
 @dataclasses.dataclass

@@ -4,6 +4,7 @@ many jobs at once, and turn each ending back into a value or an exception."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import itertools
@@ -17,6 +18,7 @@ from typing import Any
 
 from redis.client import Pipeline
 
+from .archive import SPOOL_BYTES
 from .bundles import Bundle, BundleCache, archive_digest, project_root
 from .errors import (
     ArtifactTooLarge,
@@ -30,6 +32,7 @@ from .errors import (
     WorkerLost,
 )
 from .models import (
+    WORKER_LOST,
     Distributed,
     FunctionSpec,
     JobRecord,
@@ -45,7 +48,7 @@ from .requirements import Requirements
 from .settings import Settings
 from .signing import Keyring, VerifyKey
 from .store.artifacts import RedisArtifactStore, small_files
-from .store.jobs import JobStore, submitted
+from .store.jobs import JobStore, submitted, under_new_ids
 from .units import format_size
 
 #: Calls submitted per round trip.
@@ -56,7 +59,6 @@ MAX_IN_FLIGHT = 10_000
 _RECHECK = 5.0
 #: A client re-touches a bundle it shipped (to keep it from expiring) after this long (s).
 _TOUCH = 3600.0
-_SPOOL = 16 * 1024 * 1024
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 #: What a call's job stored when it ended: its record, and its result or error payload by name.
@@ -94,6 +96,8 @@ class Calls:
         self._bundles = BundleCache(settings.max_source_bytes)
         #: When each bundle was last shipped (or found in Redis), and the name it is stored under.
         self._shipped: dict[str, tuple[float, str]] = {}
+        #: The folder each bundle was made from: the code pickled by value names its files from there.
+        self._roots: dict[str, Path] = {}
 
     @property
     def _results(self) -> VerifyKey:
@@ -135,7 +139,9 @@ class Calls:
 
     def spec(self, function: Callable[..., Any], options: CallOptions) -> JobSpec:
         """The job every call of ``function`` makes, its code bundle shipped if Redis lacks it."""
-        digest = self._ship(self._bundles.get(options.source or project_root()))
+        root = options.source or project_root()
+        digest = self._ship(self._bundles.get(root))
+        self._roots[digest] = root
         name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
         retry = {"retries": options.retries, "retry_on": options.retry_on, "retry_delay": options.retry_delay}
         needs = validated(Requirements, options.requirements)
@@ -157,7 +163,7 @@ class Calls:
         if time.monotonic() - shipped_at < _TOUCH:
             return shipped
         if not self._artifacts.has_bundle(bundle.digest):
-            with tempfile.SpooledTemporaryFile(_SPOOL) as file:
+            with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as file:
                 bundle.manifest.write(file)
                 file.seek(0)
                 shipped = archive_digest(file, self._settings.max_source_bytes)
@@ -170,24 +176,19 @@ class Calls:
         self, spec: JobSpec, function: Callable[..., Any], calls: list[Call], batch: str
     ) -> list[str]:
         """Submit ``calls`` in one round trip: each call's signed pickle staged and its job created."""
+        root = self._roots.get(spec.function.bundle) if spec.function else None
         try:
-            pickled = pickle_function(function)
+            pickled = pickle_function(function, root)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise InvalidJobSpec(f"cannot send {_name(function)}: {exc}") from None
         payloads = [self._pack_call(function, pickled, args, kwargs) for args, kwargs in calls]
-        ids = {index: secrets.token_hex(6) for index in range(len(payloads))}
-        taken = self._submit_once(spec, payloads, ids, batch)
-        while taken:  # an id already in use: those calls try again under new ones
-            retry = {index: secrets.token_hex(6) for index in taken}
-            taken = self._submit_once(spec, payloads, retry, batch)
-            ids.update(retry)
-        return [ids[index] for index in range(len(payloads))]
+        return under_new_ids(len(payloads), functools.partial(self._submit_once, spec, payloads, batch=batch))
 
     def _submit_once(
         self, spec: JobSpec, payloads: list[bytes], ids: dict[int, str], batch: str
-    ) -> list[int]:
-        """Stage each call and submit its job under ``ids`` in one round trip; returns the indexes of
-        those whose id was taken (what was staged for them goes)."""
+    ) -> dict[int, str | None]:
+        """Stage each call and submit its job under ``ids`` in one round trip; returns the id each
+        got, None where it was taken (what was staged for it goes)."""
         upload = secrets.token_hex(4)
         positions: dict[int, int] = {}
         files = {index: {CALL: hashlib.sha256(payloads[index]).hexdigest()} for index in ids}
@@ -200,10 +201,11 @@ class Calls:
                 self._jobs.queue_submit(pipe, job_id, spec, upload, files[index], batch, seals[index])
 
         replies = self._jobs.pipeline(build)
-        taken = [index for index, job_id in ids.items() if submitted(replies[positions[index]]) != job_id]
-        for index in taken:
-            self._artifacts.discard_inputs(ids[index], upload)
-        return taken
+        made = {index: submitted(replies[positions[index]]) for index in ids}
+        for index, job_id in made.items():
+            if job_id is None:
+                self._artifacts.discard_inputs(ids[index], upload)
+        return made
 
     def _pack_call(
         self, function: Callable[..., Any], pickled: bytes, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -253,7 +255,7 @@ class Calls:
             return _raised(
                 record, load_result(self._results, record.id, record.attempt, ERROR, stored[ERROR])
             )
-        if record.reason == "worker lost":
+        if record.reason_code == WORKER_LOST:  # a gang's reason says more: "worker lost: ..."
             lost = sum(attempt.outcome == "lost" for attempt in record.attempts)
             return WorkerLost(
                 f"job {job} ({name}): its worker was lost ({lost} time(s)); no retry was left", job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
@@ -35,12 +36,14 @@ from .errors import (
 from .inventory import Telemetry, WorkerInfo
 from .models import (
     ActivitySample,
+    BrowserSession,
     Distributed,
     JobRecord,
     JobSpec,
     JobState,
     Launcher,
     LogLine,
+    OpenedSession,
     QueueInfo,
     RetryOn,
     Role,
@@ -48,6 +51,7 @@ from .models import (
     build_spec,
     validated,
 )
+from .network import redact
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
@@ -58,15 +62,16 @@ from .store.artifacts import (
     SOURCE_ARCHIVE,
     MissingArtifact,
 )
-from .store.connection import connect, redact
+from .store.channels import Subscription
+from .store.connection import connect
+from .store.jobs import under_new_ids
+from .store.logs import LogUpdates
 from .store.stores import Stores
 from .store.telemetry import HISTORY
-from .store.tokens import BrowserSession, OpenedSession
 from .units import format_size
 from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
-_SPOOL = 16 * 1024 * 1024
 #: The longest (ms) a wait on many jobs blocks on the first of them before it sweeps them all again.
 _TURN = 50
 #: :meth:`Client.submit_many` sends this many jobs per round trip, under one signature.
@@ -174,33 +179,39 @@ class Client:
                 f"the job's source and inputs hold {format_size(total)}, above the "
                 f"{format_size(self.settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
             )
-        uploads = [(SOURCE_ARCHIVE, source_files), (INPUTS_ARCHIVE, input_files if spec.inputs else None)]
-        staged = any(manifest is not None for _, manifest in uploads)
-        while True:
-            job_id, upload = secrets.token_hex(6), secrets.token_hex(4)
-            try:
-                files = {
-                    archive_name: self._upload(job_id, upload, archive_name, manifest)
-                    for archive_name, manifest in uploads
-                    if manifest is not None
-                }
-                submitted = self.stores.jobs.submit(job_id, spec, upload, files, idempotency_key)
-            except BaseException:
-                if staged:
-                    self.stores.artifacts.discard_inputs(job_id, upload)
-                raise
-            if submitted == job_id:
-                return Job(self, job_id)
-            # The id was taken (try another), or the idempotency key names an existing job: what
-            # this submit staged goes.
+        uploads = {SOURCE_ARCHIVE: source_files, INPUTS_ARCHIVE: input_files if spec.inputs else None}
+        [job_id] = under_new_ids(1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key)})
+        return Job(self, job_id)
+
+    def _submit_as(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        uploads: dict[str, archive.Manifest | None],
+        idempotency_key: str | None,
+    ) -> str | None:
+        """Upload the archives and submit the job under ``job_id``: that id, an existing job's (the
+        idempotency key's), or None if the id was taken."""
+        upload = secrets.token_hex(4)
+        staged = any(manifest is not None for manifest in uploads.values())
+        try:
+            files = {
+                name: self._upload(job_id, upload, name, manifest)
+                for name, manifest in uploads.items()
+                if manifest is not None
+            }
+            submitted = self.stores.jobs.submit(job_id, spec, upload, files, idempotency_key)
+        except BaseException:
             if staged:
                 self.stores.artifacts.discard_inputs(job_id, upload)
-            if submitted is not None:
-                return Job(self, submitted)
+            raise
+        if submitted != job_id and staged:  # nothing of this try is the job's
+            self.stores.artifacts.discard_inputs(job_id, upload)
+        return submitted
 
     def _upload(self, job_id: str, upload: str, name: str, manifest: archive.Manifest) -> str:
         """Stage one archive of the job's; its SHA-256, which the job's signature names."""
-        with tempfile.SpooledTemporaryFile(_SPOOL) as file:
+        with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
             manifest.write(file)
             file.seek(0)
             return self.stores.artifacts.put_inputs(job_id, upload, name, file)
@@ -250,16 +261,16 @@ class Client:
         specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
         if fail_if_unschedulable:
             self._check_schedulable(first)
-        ids: list[str | None] = [None] * len(specs)
+        ids: list[str] = []
         for start in range(0, len(specs), SUBMIT_BATCH):
-            pending = list(range(start, min(start + SUBMIT_BATCH, len(specs))))
-            while pending:  # an id already in use: those jobs try again under new ones
-                batch = [(secrets.token_hex(6), specs[index]) for index in pending]
-                created = self.stores.jobs.submit_many(batch)
-                for index, job_id in zip(pending, created, strict=True):
-                    ids[index] = job_id
-                pending = [index for index, job_id in zip(pending, created, strict=True) if job_id is None]
-        return [Job(self, job_id) for job_id in ids if job_id is not None]
+            batch = specs[start : start + SUBMIT_BATCH]
+            ids += under_new_ids(len(batch), functools.partial(self._submit_batch, batch))
+        return [Job(self, job_id) for job_id in ids]
+
+    def _submit_batch(self, specs: list[JobSpec], ids: dict[int, str]) -> dict[int, str | None]:
+        """Submit ``specs[index]`` under ``ids[index]``, in one round trip; the id each got, or None."""
+        created = self.stores.jobs.submit_many([(job_id, specs[index]) for index, job_id in ids.items()])
+        return dict(zip(ids, created, strict=True))
 
     def _check_schedulable(self, spec: JobSpec) -> None:
         plan = self.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
@@ -429,6 +440,22 @@ class Client:
         """End a browser session at once; False if it had already ended."""
         return self.stores.tokens.close_session(cookie)
 
+    def read_logs(self, cursors: Mapping[str, str], *, count: int = 500, block_ms: int = 100) -> LogUpdates:
+        """One read of many jobs' logs, blocking up to ``block_ms``: up to ``count`` lines of each job
+        after its cursor (a line's id, ``0-0`` for the first; by job id), and how each that has ended
+        ended. What a server streaming many logs at once reads, not a :meth:`Job.logs` per job."""
+        return self.stores.logs.read_many(cursors, count, block_ms)
+
+    def log_range(self, job_id: str, after: str, until: str) -> list[tuple[str, LogLine]]:
+        """Every stored line of a job after line ``after`` up to line ``until`` (ids): what one who
+        joins a follower late catches up with. A job that is gone has none."""
+        return self.stores.logs.page(job_id, after, None, until)
+
+    def subscribe(self) -> Subscription:
+        """A pub/sub connection of its own, hearing revoked tokens and, while it follows them, events
+        (job states, workers, telemetry); close it when done."""
+        return Subscription(self.redis, self.keys)
+
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
         ``requeue`` stops them and puts them back in their queues. :class:`WorkerNotFound` if no
@@ -533,8 +560,10 @@ class Job:
             raise OutputNotProduced(f"job {self.id} has no stored outputs") from None
 
     def download_outputs(self, dest: PathLike) -> list[Path]:
-        """Unpack the job's outputs into ``dest``; returns the files written. Raises
-        :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced."""
+        """Unpack the job's outputs into ``dest`` (made if missing), each at its path in the job's
+        folder (``results/a.csv`` lands in ``dest/results/a.csv``); returns the files written. Raises
+        :class:`ArchiveError`, having written nothing, if ``dest`` or a folder in it cannot take them,
+        and :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced."""
         record = self.status()
         if not record.state.is_terminal:
             raise JobNotFinished(f"job {self.id} is {record.state.value}; outputs are uploaded when it ends")
@@ -546,8 +575,9 @@ class Job:
                 f"job {self.id} stored no outputs (it ended {record.state.value}{reason})"
             )
         folder = Path(dest)
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.SpooledTemporaryFile(_SPOOL) as file:
+        # Made by the unpacking, once it found room for every file: an unwritable folder is one
+        # line, and nothing is half written.
+        with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
             try:
                 self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
             except MissingArtifact:

@@ -10,7 +10,7 @@ The tree::
     ├── SourceError            the source folder is missing, unreadable or over the cap
     ├── InputNotFound          an input path does not exist
     ├── ArtifactTooLarge       a job's files are over the per-job cap
-    ├── ArchiveError           an archive holds an unsafe entry (absolute path, "..", device)
+    ├── ArchiveError           an unsafe archive entry (absolute path, "..", device), or no room for one
     ├── JobNotFound            no job with that id (never existed, or past its retention)
     ├── WorkerNotFound         no connected worker with that name
     ├── TokenError             an API token name that is taken or invalid, or no token of that name
@@ -71,7 +71,8 @@ class ArtifactTooLarge(GpulayerError):
 
 
 class ArchiveError(GpulayerError):
-    """An archive holds an entry that would land outside its folder, or is not a regular file or folder."""
+    """An archive holds an entry that would land outside its folder, or is not a regular file or folder;
+    or the folder it is unpacked into cannot take its entries (not writable, not a folder)."""
 
 
 class JobNotFound(GpulayerError):

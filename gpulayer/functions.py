@@ -29,9 +29,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 _default: Client | None = None
 #: What a call may ask of the machine it runs on: the fields of :class:`gpulayer.Requirements`.
-_REQUIREMENTS = frozenset(
-    {"accelerator", "gpus", "gpu_memory", "gpu_name", "frameworks", "cpus", "memory", "labels"}
-)
+_REQUIREMENTS = frozenset(Requirements.model_fields)
 _OPTIONS = frozenset(field.name for field in dataclasses.fields(CallOptions)) - {"requirements"}
 
 

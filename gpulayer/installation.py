@@ -21,10 +21,11 @@ from . import home as local
 from .access import KEYS_OF, Access
 from .errors import ConfigError
 from .models import AccessRole
+from .network import redact
 from .signing import Keyring
 from .store import acl
 from .store.acl import ROLES, user_name
-from .store.connection import connect, redact
+from .store.connection import connect
 from .store.keys import Keys
 
 FILE = "installation.json"
@@ -71,6 +72,17 @@ class Installation(BaseModel):
         """Every role's access, kept in ``home`` (this machine acts in each)."""
         for role in ROLES:
             accesses.save(home, self.access(role))
+
+    def acl_file(self, redis_major: int = 7) -> str:
+        """Its roles' Redis users as an ACL file for a Redis that starts with it (password hashes
+        only; the default user off)."""
+        return acl.acl_file(Keys(self.prefix), self.passwords, redis_major)
+
+    def acl_commands(self, redis_major: int = 7) -> list[str]:
+        """The redis-cli lines that make its roles' users on a running Redis (password hashes only;
+        the default user left as it is: other programs may use it)."""
+        made = acl.commands(Keys(self.prefix), self.passwords, redis_major, disable_default=False)
+        return [acl.printable(command) for command in made]
 
 
 def endpoint_of(redis_url: str) -> str:

@@ -39,6 +39,10 @@ MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Names a job's checkpoint folder to it: what it saves there is given back to its retries.
 CHECKPOINT_VARIABLE = "GPULAYER_CHECKPOINT_DIR"
+#: Tells each process of a job its job's id: how a worker knows a job's strays, and a Trainer its run.
+JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
+#: Tells each process of a job its attempt, from 1.
+ATTEMPT_VARIABLE = "GPULAYER_ATTEMPT"
 #: Variables the worker sets for a job, which its ``env`` may not set: they say which GPUs it holds
 #: (``CUDA_VISIBLE_DEVICES`` would otherwise reach past its reservation), which rank of a gang it is,
 #: and everything GPUlayer's own (``GPULAYER_*``).
@@ -317,14 +321,22 @@ class OutputSummary(BaseModel):
     missing: list[str] = Field(default_factory=list)
 
 
+#: How an attempt ended: as a job ends; or ``lost`` (its worker stopped renewing its lease, or
+#: restarted); ``returned`` (put back by a worker's cold shutdown); ``unstarted`` (a gang job's part
+#: could not start its ranks).
+AttemptOutcome = Literal["succeeded", "failed", "cancelled", "timed_out", "lost", "returned", "unstarted"]
+#: Why a job ended as it did, for programs to act on (its ``reason`` says it for people).
+ReasonCode = Literal["worker_lost"]
+#: It failed because its worker (for a gang job, one of its workers) was lost with no retry left.
+WORKER_LOST: ReasonCode = "worker_lost"
+
+
 class Attempt(BaseModel):
     """How one attempt of a job ended: on which worker, with what exit code, and why."""
 
     attempt: int
     worker: str | None
-    #: ``succeeded``, ``failed``, ``cancelled``, ``timed_out``; ``lost`` (its worker stopped renewing
-    #: its lease, or restarted); ``returned`` (put back by a worker's cold shutdown).
-    outcome: str
+    outcome: AttemptOutcome
     exit_code: int | None = None
     reason: str | None = None
     started_at: datetime | None = None
@@ -351,6 +363,8 @@ class JobRecord(BaseModel):
     worker: str | None
     exit_code: int | None
     reason: str | None
+    #: What ``reason`` says, as a code, where there is one: see :data:`ReasonCode`.
+    reason_code: ReasonCode | None = None
     queue: str
     created_at: datetime
     queued_at: datetime | None
@@ -402,6 +416,29 @@ class TokenInfo(BaseModel):
     created_at: datetime
     #: When it stops working; None: never.
     expires_at: datetime | None = None
+
+
+class BrowserSession(BaseModel):
+    """What Redis keeps of a browser session, under the SHA-256 of its cookie."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The SHA-256 of the session's token: checked again at every request, so revoking ends it.
+    token: str
+    #: What every change made through the session must carry.
+    csrf_token: str
+
+
+class OpenedSession(BaseModel):
+    """A new session: the cookie (given to the browser once, never stored), its record and token."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cookie: str
+    record: BrowserSession
+    token: TokenInfo
+    #: How long it lasts (whole seconds, at least 1): the cookie's Max-Age.
+    lifetime: int
 
 
 class QueueInfo(BaseModel):

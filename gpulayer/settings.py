@@ -1,20 +1,86 @@
-"""Settings: one frozen object built from flags and ``GPULAYER_*`` variables, passed down, never global."""
+"""Settings: one frozen object built from flags and ``GPULAYER_*`` variables, passed down, never global.
+
+Each field says how its variable is read and what it must hold, so every setting is parsed and checked
+in one place, and a bad one is one line naming its variable.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from redis.connection import parse_url
 
 from .errors import ConfigError
+from .network import redact
 from .units import parse_duration, parse_size
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+#: The password of a URL: what follows ``user:`` up to the last ``@`` before the path.
 
 MiB = 1024 * 1024
+Bound = Literal["positive", "not negative"]
+_BOUNDS: dict[Bound, str] = {"positive": "above 0", "not negative": "0 or more"}
+
+
+def _read(
+    parse: Callable[[str], Any], bound: Bound | None = None, check: Callable[[Any], None] | None = None
+) -> dict[str, Any]:
+    """A field's metadata: its ``GPULAYER_*`` variable is read with ``parse``; ``bound`` and ``check``
+    hold for flags and code too, not only for variables."""
+    return {"parse": parse, "bound": bound, "check": check}
+
+
+def _path(text: str) -> Path:
+    return Path(text).expanduser()
+
+
+def _count(text: str) -> int:
+    if not (text.strip().isascii() and text.strip().isdigit()):
+        raise ValueError(f"not a whole number: {text!r} (examples: 500, 10000)")
+    return int(text)
+
+
+def _whole_seconds(text: str) -> int:
+    # Up, so a fraction of a second is still a positive retention.
+    return math.ceil(parse_duration(text))
+
+
+def _check_prefix(prefix: str) -> None:
+    if not _PREFIX.match(prefix):
+        raise ConfigError(f"GPULAYER_PREFIX {prefix!r} must be 1-64 letters, digits, '_', '.' or '-'")
+
+
+def check_redis_url(url: str) -> None:
+    """:class:`ConfigError`, in one line without the password, unless redis-py can use ``url``."""
+    problem = _redis_url_problem(url)
+    if problem:
+        raise ConfigError(f"not a Redis URL: {redact(url)} ({problem})")
+
+
+def _redis_url_problem(url: str) -> str | None:
+    scheme = url.partition("://")[0] if "://" in url else ""
+    if scheme not in _REDIS_SCHEMES:
+        return "expected redis://host:port/db, rediss:// or unix://"
+    hostport = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    port = hostport.rpartition(":")[2] if ":" in hostport and not hostport.endswith("]") else ""
+    if port and not (port.isascii() and port.isdigit()):
+        return f"its port {port!r} is not a number"
+    if port and int(port) > 65535:
+        return f"its port {port} is over 65535"
+    try:
+        urlsplit(url)
+        parse_url(url)  # type: ignore[no-untyped-call]  # redis-py's own reading: what it refuses
+    except ValueError as exc:
+        return str(exc).rstrip(".")
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,77 +91,67 @@ class Settings:
     take ``s``/``m``/``h``/``d``.
     """
 
-    redis_url: str | None = None
+    redis_url: str | None = dataclasses.field(default=None, metadata=_read(str, check=check_redis_url))
     #: Every key of ours starts with this; two installations can share one Redis with two prefixes.
-    prefix: str = "gpulayer"
+    prefix: str = dataclasses.field(default="gpulayer", metadata=_read(str, check=_check_prefix))
     #: Where `gpulayer up` keeps the embedded Redis's data and what it started, and workers their job folders.
-    home: Path = dataclasses.field(default_factory=lambda: Path("~/.gpulayer").expanduser())
+    home: Path = dataclasses.field(default_factory=lambda: _path("~/.gpulayer"), metadata=_read(_path))
     #: The log stream of a job keeps its last this many lines.
-    log_max_lines: int = 10_000
+    log_max_lines: int = dataclasses.field(default=10_000, metadata=_read(_count, "positive"))
     #: Longer lines are split into pieces of this many bytes.
-    log_line_max_bytes: int = 16 * 1024
+    log_line_max_bytes: int = dataclasses.field(default=16 * 1024, metadata=_read(parse_size, "positive"))
     #: Source folders larger than this (after the ignore rules) are refused at submit.
-    max_source_bytes: int = 100 * MiB
+    max_source_bytes: int = dataclasses.field(default=100 * MiB, metadata=_read(parse_size, "positive"))
     #: A job's stored files — source and inputs, and separately its outputs — may not exceed this.
-    max_job_bytes: int = 256 * MiB
+    max_job_bytes: int = dataclasses.field(default=256 * MiB, metadata=_read(parse_size, "positive"))
     #: Ended jobs, with their logs and outputs, are kept this long (seconds).
-    retention_seconds: int = 7 * 86400
+    retention_seconds: int = dataclasses.field(default=7 * 86400, metadata=_read(_whole_seconds, "positive"))
     #: After SIGTERM, a job's processes have this long (seconds) before SIGKILL.
-    kill_grace_seconds: float = 10.0
+    kill_grace_seconds: float = dataclasses.field(
+        default=10.0, metadata=_read(parse_duration, "not negative")
+    )
     #: The oldest waiting gang job holds the workers it needs once it has waited this long (seconds):
     #: they take no new jobs until it starts.
-    gang_hold_after: float = 30.0
+    gang_hold_after: float = dataclasses.field(default=30.0, metadata=_read(parse_duration, "not negative"))
     #: Workers sample their machine (CPU, memory, GPUs) this often (seconds), for the dashboard and
     #: /metrics; Redis keeps an hour of samples.
-    telemetry_interval: float = 5.0
+    telemetry_interval: float = dataclasses.field(default=5.0, metadata=_read(parse_duration, "positive"))
     #: A running job's checkpoint folder (GPULAYER_CHECKPOINT_DIR) is kept in Redis, when it changed,
     #: this often (seconds), so a retry on any worker starts from it.
-    checkpoint_interval: float = 30.0
+    checkpoint_interval: float = dataclasses.field(default=30.0, metadata=_read(parse_duration, "positive"))
+    #: A worker's lease on each job it holds lasts this long (seconds) unrenewed; then another worker
+    #: may take the job.
+    lease_ttl: float = dataclasses.field(default=15.0, metadata=_read(parse_duration, "positive"))
+    #: A worker renews every lease it holds this often (seconds): well within ``lease_ttl``.
+    heartbeat: float = dataclasses.field(default=5.0, metadata=_read(parse_duration, "positive"))
 
     def __post_init__(self) -> None:
-        if not _PREFIX.match(self.prefix):
-            raise ConfigError(
-                f"GPULAYER_PREFIX {self.prefix!r} must be 1-64 letters, digits, '_', '.' or '-'"
-            )
-        for field in (
-            "log_max_lines",
-            "log_line_max_bytes",
-            "max_source_bytes",
-            "max_job_bytes",
-            "retention_seconds",
-            "telemetry_interval",
-            "checkpoint_interval",
-        ):
-            if getattr(self, field) <= 0:
-                raise ConfigError(f"{field} must be positive")
-        if self.kill_grace_seconds < 0 or self.gang_hold_after < 0:
-            raise ConfigError("kill_grace_seconds and gang_hold_after must not be negative")
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None:
+                continue
+            if field.metadata["check"]:
+                field.metadata["check"](value)
+            bound = field.metadata["bound"]
+            if (bound == "positive" and value <= 0) or (bound == "not negative" and value < 0):
+                raise ConfigError(f"{variable(field.name)} must be {_BOUNDS[bound]}, not {value}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Read ``GPULAYER_*`` variables; ``overrides`` (flags) win over them, except ``None`` ones."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        parsers: dict[str, Callable[[str], Any]] = {
-            "redis_url": str,
-            "prefix": str,
-            "home": lambda v: Path(v).expanduser(),
-            "log_max_lines": int,
-            "log_line_max_bytes": parse_size,
-            "max_source_bytes": parse_size,
-            "max_job_bytes": parse_size,
-            "retention_seconds": lambda v: int(parse_duration(v)),
-            "kill_grace_seconds": parse_duration,
-            "gang_hold_after": parse_duration,
-            "telemetry_interval": parse_duration,
-            "checkpoint_interval": parse_duration,
-        }
-        for name, parse in parsers.items():
-            raw = env.get(f"GPULAYER_{name.upper()}")
+        for field in dataclasses.fields(cls):
+            raw = env.get(variable(field.name))
             if raw:
                 try:
-                    values[name] = parse(raw)
+                    values[field.name] = field.metadata["parse"](raw)
                 except ValueError as exc:
-                    raise ConfigError(f"GPULAYER_{name.upper()}: {exc}") from None
+                    raise ConfigError(f"{variable(field.name)}: {exc}") from None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
+
+
+def variable(field: str) -> str:
+    """The environment variable a field of :class:`Settings` is read from."""
+    return f"GPULAYER_{field.upper()}"

@@ -4,9 +4,11 @@ HTTP API), whoever made it.
 
 Nothing is written until the whole archive has been read and found safe: every entry a plain file,
 folder or symbolic link, named inside the folder, no link leading out of it (followed through the
-archive's own links, as the kernel would), nothing written through a link, and the entries and
-their total size under the caps, counted from the headers (a small archive that would unpack to
-gigabytes is refused before one byte of it lands). Then it is unpacked entry by entry, each folder
+archive's own links, as the kernel would), nothing written through a link, and the entries and their
+total size under the caps, counted from the headers (a small archive that would unpack to gigabytes
+is refused before one byte of it lands). Nor until the folder has room for every entry: each folder
+on its way a folder, writable where something new goes, so a folder that cannot be written fails the
+unpacking before anything lands, not half way. Then it is unpacked entry by entry, each folder
 opened without following links, each file created without following one, so a folder that already
 held links cannot redirect a write either. It relies on no ``tarfile`` filter, so it holds on every
 Python (the ``data`` filter's link check could be bypassed before 3.11.13, 3.12.11 and 3.13.4:
@@ -54,12 +56,15 @@ def extract(
 ) -> list[Path]:
     """Unpack ``archive`` (tar: plain, gzip, bzip2 or xz; seekable) into the folder ``dest``; the
     regular files written. :class:`ArchiveError` with one line, having written nothing, if it is not
-    safe or holds more than ``max_members`` entries or ``max_bytes`` of files. ``replace``: an entry
-    may replace a file already in ``dest`` (outputs downloaded again); without it, it may not (an
-    input may not replace a source file)."""
+    safe or holds more than ``max_members`` entries or ``max_bytes`` of files, or if ``dest`` (made
+    if missing) or a folder in it cannot take what goes there. ``replace``: an entry may replace a
+    file already in ``dest`` (outputs downloaded again); without it, it may not (an input may not
+    replace a source file)."""
     try:
         with tarfile.open(fileobj=archive, mode="r:*") as tar:
-            _check(_plan(tar, max_bytes, max_members))
+            plan = _plan(tar, max_bytes, max_members)
+        _check(plan)
+        _Room(dest, replace).check(plan)
         archive.seek(0)
         with tarfile.open(fileobj=archive, mode="r:*") as tar:
             return _Writer(dest, replace).write_all(tar)
@@ -138,6 +143,97 @@ def _follow(plan: _Plan, where: list[str], target: str, link: tuple[str, ...], h
     return where
 
 
+class _Room:
+    """Whether every entry of a plan can be written under ``dest`` as it is now: each folder on its way
+    a folder (never a link), each one that gets a new entry writable, nothing replaced unless allowed."""
+
+    def __init__(self, dest: Path, replace: bool) -> None:
+        self._dest = dest
+        self._replace = replace
+        #: Folders by path: whether they are there already (else the unpacking makes them).
+        self._there: dict[tuple[str, ...], bool] = {}
+        self._writable: set[tuple[str, ...]] = set()
+
+    def check(self, plan: _Plan) -> None:
+        for parts, kind in plan.kinds.items():
+            if kind == "dir":
+                self._folder(parts)
+                continue
+            if self._folder(parts[:-1]):
+                self._can_add_to(parts[:-1])
+                found = self._lstat(self._dest.joinpath(*parts))
+                if found is not None and (not self._replace or stat.S_ISDIR(found.st_mode)):
+                    raise ArchiveError(
+                        f"archive entry {'/'.join(parts)!r} would replace what is already there"
+                    )
+
+    def _folder(self, parts: tuple[str, ...]) -> bool:
+        """Whether the folder ``parts`` is there already; an :class:`ArchiveError` if what is there is
+        not a folder, or if it is missing and the folder it would be made in cannot be written."""
+        known = self._there.get(parts)
+        if known is not None:
+            return known
+        path = self._dest.joinpath(*parts)
+        if parts:
+            found = self._lstat(path) if self._folder(parts[:-1]) else None
+        else:  # the folder asked for may be a link to one, and its own parents need not exist yet
+            found = self._stat(path)
+            if found is None:
+                self._can_make(path)
+        if found is not None and not stat.S_ISDIR(found.st_mode):
+            if not parts:
+                raise ArchiveError(f"cannot write to {path}: not a folder")
+            raise ArchiveError(f"{_UNSAFE}{'/'.join(parts)!r} is already there, and not a folder")
+        if found is None and parts and self._there[parts[:-1]]:
+            self._can_add_to(parts[:-1])
+        self._there[parts] = found is not None
+        return found is not None
+
+    def _can_add_to(self, parts: tuple[str, ...]) -> None:
+        if parts not in self._writable:
+            _writable(self._dest.joinpath(*parts))
+            self._writable.add(parts)
+
+    def _can_make(self, path: Path) -> None:
+        """``path`` is missing: the nearest folder above it that is there must take a new folder."""
+        above = path.absolute().parent
+        while self._stat(above) is None and above != above.parent:
+            above = above.parent
+        found = self._stat(above)
+        if found is None or not stat.S_ISDIR(found.st_mode):
+            raise ArchiveError(f"cannot write to {path}: {above} is not a folder")
+        _writable(above)
+
+    def _lstat(self, path: Path) -> os.stat_result | None:
+        try:
+            return os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ArchiveError(f"cannot write to {path}: {_reason(exc)}") from None
+
+    def _stat(self, path: Path) -> os.stat_result | None:
+        try:
+            return os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise ArchiveError(f"cannot write to {path}: {_reason(exc)}") from None
+
+
+def _writable(folder: Path) -> None:
+    # As the kernel will judge the writes: with the effective user, and its capabilities.
+    effective = os.access in os.supports_effective_ids
+    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=effective):
+        raise ArchiveError(f"cannot write to {folder}: permission denied")
+
+
+def _reason(error: OSError) -> str:
+    """``permission denied``: the system's words for it, as a message goes on after a colon."""
+    text = error.strerror or str(error)
+    return text[:1].lower() + text[1:]
+
+
 class _Writer:
     """Writes entries under ``dest`` through folder descriptors opened without following links."""
 
@@ -149,6 +245,7 @@ class _Writer:
     def write_all(self, tar: tarfile.TarFile) -> list[Path]:
         written: list[Path] = []
         try:
+            self._dest.mkdir(parents=True, exist_ok=True)
             self._folders[()] = os.open(self._dest, _DIRECTORY)
             for member in tar:
                 parts = _parts(member.name)
@@ -164,7 +261,7 @@ class _Writer:
                     self._file(parts, member, source)
                     written.append(self._dest.joinpath(*parts))
         except OSError as exc:
-            raise ArchiveError(f"cannot unpack into {self._dest}: {exc.strerror}") from None
+            raise ArchiveError(f"cannot write to {self._dest}: {_reason(exc)}") from None
         finally:
             for descriptor in self._folders.values():
                 os.close(descriptor)

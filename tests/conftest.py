@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import psutil
@@ -32,7 +32,8 @@ from gpulayer import access as accesses
 from gpulayer.cli import main
 from gpulayer.installation import Installation
 from gpulayer.models import Role
-from gpulayer.server import free_port, redis_server_binary, redis_version, start_redis, wait_ready
+from gpulayer.network import free_port
+from gpulayer.server import redis_server_binary, redis_version, start_redis, wait_ready
 from gpulayer.store import acl
 from gpulayer.store.keys import Keys
 from gpulayer.web import create_app
@@ -224,11 +225,18 @@ def kill_machine(pid: int) -> None:
 
 
 # --- `gpulayer up` ----------------------------------------------------------------------------------
-def gpulayer(env: dict[str, str], *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
-    """``gpulayer ARGS`` as a process of its own."""
+def gpulayer(
+    env: dict[str, str],
+    *args: str,
+    input: str | None = None,
+    cwd: Path | None = None,
+    prefix: Sequence[str] = (),
+) -> subprocess.CompletedProcess[str]:
+    """``gpulayer ARGS`` as a process of its own (started through ``prefix``, e.g. ``setpriv ...``)."""
     return subprocess.run(
-        [sys.executable, "-m", "gpulayer", *args],
+        [*prefix, sys.executable, "-m", "gpulayer", *args],
         env=env,
+        cwd=cwd,
         input=input,
         capture_output=True,
         text=True,

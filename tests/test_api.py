@@ -28,7 +28,7 @@ from simple_websocket import ConnectionError as Refused
 
 from gpulayer import Client, JobState
 from gpulayer.models import Role
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 from gpulayer.web.auth import ROLE_ATTRIBUTE
 from tests.conftest import Workers, auth, wait_for
 

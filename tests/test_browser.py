@@ -26,7 +26,7 @@ import redis
 from gpulayer import Client, JobState, Settings
 from gpulayer import access as accesses
 from gpulayer.installation import Installation
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 from tests.conftest import Workers, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")

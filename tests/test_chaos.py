@@ -13,7 +13,8 @@ from pathlib import Path
 import redis
 
 from gpulayer import Client, JobState, Settings
-from gpulayer.server import free_port, start_redis, wait_ready
+from gpulayer.network import free_port
+from gpulayer.server import start_redis, wait_ready
 from tests.conftest import WAIT, Workers, kill_machine, wait_for
 
 FAST = ("--lease-ttl", "1.5", "--heartbeat", "0.3")

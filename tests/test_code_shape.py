@@ -51,3 +51,19 @@ def test_the_worker_core_reads_in_one_sitting() -> None:
     assert long == []
     for client_side in ("client.py", "worker/worker.py"):
         assert not re.search(r"\w+Store\(", (ROOT / "gpulayer" / client_side).read_text()), client_side
+
+
+def test_what_several_modules_need_is_written_once() -> None:
+    # Each of these was once written out in several modules, and one copy drifted from the others
+    # (issue 17): the socket helpers, the spool size, the job id's variable, the loop that retries a
+    # submit whose random id was taken.
+    package = ROOT / "gpulayer"
+    sources = {path.relative_to(package).as_posix(): path.read_text() for path in package.rglob("*.py")}
+
+    def where(pattern: str) -> list[str]:
+        return sorted(name for name, text in sources.items() if re.search(pattern, text, re.MULTILINE))
+
+    assert where(r"^def (free_port|address_towards|redact)\(") == ["network.py"]
+    assert where(r"^_?SPOOL\w* = ") == ["archive.py"]
+    assert where(r'"GPULAYER_JOB_ID"') == ["models.py"]
+    assert where(r"token_hex\(6\)") == ["store/jobs.py"]

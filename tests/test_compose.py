@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"

@@ -11,7 +11,7 @@ from click.testing import Result
 
 from gpulayer import Client, InputNotFound, Settings, SourceError
 from gpulayer import access as accesses
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 
 Cli = Callable[..., Result]
 

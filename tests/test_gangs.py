@@ -417,6 +417,7 @@ def test_a_machine_lost_with_no_retry_left_fails_the_gang_job_as_worker_lost(
     record = job.wait(30)
     assert record.state is JobState.FAILED
     assert record.reason == "worker lost: worker gone stopped renewing its lease"
+    assert record.reason_code == "worker_lost"
     assert all(worker.running == 0 for worker in client.workers() if worker.name == "left")
 
 
@@ -530,6 +531,32 @@ def test_a_remote_function_that_raises_on_one_rank_raises_it_here_and_stops_the_
     assert record.reason is not None
     assert record.reason.startswith("rank 3: RankError: rank 3 gives up on f")
     assert all(worker.running == 0 for worker in client.workers())
+
+
+def nap_on_every_rank(marks: Path) -> str:
+    (marks / os.environ["RANK"]).touch()
+    time.sleep(60)
+    return "rested"
+
+
+def test_a_remote_function_whose_worker_is_lost_raises_worker_lost_not_job_failed(
+    client: Client, workers: Workers, tmp_path: Path
+) -> None:
+    # The gang's reason says more than a plain job's ("worker lost: ..."): the code says it alike.
+    (tmp_path / "project").mkdir()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    doomed = workers.start("gone", 1, *FAST)
+    workers.start("left", 1, *FAST)
+    function = gl.remote(nap_on_every_rank, nodes=2, retries=0, client=client, source=tmp_path / "project")
+    handle = function.remote(marks)
+    wait_for(lambda: len(list(marks.iterdir())) == 2, timeout=60, what="both ranks to run")
+    kill_machine(doomed.pid)
+    with pytest.raises(gl.WorkerLost, match="its worker was lost"):
+        handle.result(30)
+    record = handle.status()
+    assert (record.state, record.reason_code) == (JobState.FAILED, "worker_lost")
+    assert record.reason == "worker lost: worker gone stopped renewing its lease"
 
 
 def env_rank() -> str:

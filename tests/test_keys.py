@@ -121,6 +121,7 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "DELAYED",
             "GANGS",
             "GANG_WAKE",
+            "GANG_ORIGINS",
             "GANG_START_TRIES",
             "NEW_QUEUE",
             "PREFIX",
@@ -135,6 +136,7 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "RUN_BUCKETS",
             "ENDED_COUNTS",
             "FINAL",
+            "WORKER_LOST",
         )
     ]
     assert 'local EVENTS = "teamA:events"\n' in text

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from gpulayer import Client, JobState
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 
 from .conftest import Workers, answers, wait_for
 

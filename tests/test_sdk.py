@@ -281,6 +281,54 @@ def test_remote_exceptions_are_raised_here_with_the_remote_traceback(
     assert any("Custom: mine" in line.text for line in handle.logs())
 
 
+TRACEBACK_SCRIPT = """
+import json, sys, traceback
+from pathlib import Path
+import gpulayer as gl
+
+
+@gl.remote
+def fail(x):
+    raise ValueError(f"boom {x}")
+
+
+@gl.remote(source=Path(__file__).resolve().parent.parent)
+def fail_in_project(x):
+    check = lambda: x > 0 and 1 / 0
+    return check()
+
+
+if __name__ == "__main__":
+    out = {}
+    for name, function in (("script", fail), ("project", fail_in_project)):
+        try:
+            function.remote(1).result(timeout=60)
+        except Exception as exc:
+            out[name] = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.slow
+def test_a_remote_traceback_names_the_script_and_shows_its_lines(
+    workers: Workers, env: dict[str, str], tmp_path: Path
+) -> None:
+    workers.start("w1", 2)
+    script = tmp_path / "myproject" / "jobs" / "train.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(TRACEBACK_SCRIPT)
+    out = json.loads(run_script(script, env).stdout)
+    lines = TRACEBACK_SCRIPT.splitlines()
+    # By its path in the project that shipped with it: the script's folder, or the source given.
+    raised = '    raise ValueError(f"boom {x}")'
+    assert f'File "train.py", line {lines.index(raised) + 1}, in fail\n{raised}\n' in out["script"]
+    divided = "    check = lambda: x > 0 and 1 / 0"
+    assert (
+        f'File "jobs/train.py", line {lines.index(divided) + 1}, in <lambda>\n{divided}\n' in out["project"]
+    )
+    assert "<dynamic-code>" not in out["script"] + out["project"]
+
+
 @pytest.mark.slow
 def test_map_raises_a_calls_exception_in_its_turn(workers: Workers, remote: Callable[..., Any]) -> None:
     workers.start("w1", 2)

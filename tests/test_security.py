@@ -30,7 +30,8 @@ from gpulayer import Client, JobState
 from gpulayer import access as accesses
 from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
-from gpulayer.server import free_port, redis_version, start_redis, wait_ready
+from gpulayer.network import free_port
+from gpulayer.server import redis_version, start_redis, wait_ready
 from gpulayer.store.artifacts import SOURCE_ARCHIVE, RedisArtifactStore
 from gpulayer.store.keys import Keys
 from tests.conftest import WAIT, Workers, start_hub

@@ -31,7 +31,7 @@ from werkzeug.test import TestResponse
 
 from gpulayer import Client, tls
 from gpulayer import access as accesses
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 from gpulayer.store.tokens import SESSION_LIFETIME, token_hash
 from gpulayer.web import create_app
 from gpulayer.web.auth import SESSION_COOKIE
@@ -364,4 +364,4 @@ def test_with_a_certificate_the_server_answers_over_https_and_its_login_cookie_i
     password = urlsplit(web_access.redis_url).password
     assert password
     assert password not in log.read_text()
-    assert banner.endswith(f"(Redis: {accesses.describe(web_access)})")
+    assert banner.endswith(f", as {accesses.describe(web_access)}")

@@ -75,7 +75,9 @@ def test_an_invalid_prefix_raises_config_error(prefix: str) -> None:
         ("GPULAYER_MAX_JOB_BYTES", "lots", "not a size"),
         ("GPULAYER_MAX_SOURCE_BYTES", "5XB", "not a size"),
         ("GPULAYER_RETENTION_SECONDS", "forever", "not a duration"),
-        ("GPULAYER_LOG_MAX_LINES", "10k", "invalid literal"),
+        ("GPULAYER_LOG_MAX_LINES", "10k", "not a whole number: '10k'"),
+        ("GPULAYER_LOG_MAX_LINES", "lots", "not a whole number: 'lots'"),
+        ("GPULAYER_TELEMETRY_INTERVAL", "often", "not a duration"),
     ],
 )
 def test_a_bad_value_raises_config_error_naming_the_variable(variable: str, value: str, message: str) -> None:
@@ -83,9 +85,45 @@ def test_a_bad_value_raises_config_error_naming_the_variable(variable: str, valu
         Settings.from_env({variable: value})
 
 
-def test_a_zero_size_is_refused() -> None:
-    with pytest.raises(ConfigError, match="max_job_bytes must be positive"):
+def test_a_zero_size_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"^GPULAYER_MAX_JOB_BYTES must be above 0, not 0$"):
         Settings.from_env({"GPULAYER_MAX_JOB_BYTES": "0"})
+    with pytest.raises(ConfigError, match=r"^GPULAYER_KILL_GRACE_SECONDS must be 0 or more, not -1$"):
+        Settings(kill_grace_seconds=-1)
+
+
+def test_every_field_is_read_from_its_variable() -> None:
+    # A field added without a way to read it fails here, not in a user's shell.
+    for field in dataclasses.fields(Settings):
+        assert callable(field.metadata["parse"]), field.name
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis://localhost:99999/0", r"redis://localhost:99999/0 \(its port 99999 is over 65535\)"),
+        ("redis://localhost:abc/0", r"redis://localhost:abc/0 \(its port 'abc' is not a number\)"),
+        ("redis://user:s3cret@db:70000/0", r"redis://user:\*\*\*@db:70000/0 \(its port 70000"),
+        ("http://db:6379/0", r"http://db:6379/0 \(expected redis://host:port/db"),
+        ("redis://db:6379/0?db=x", r"redis://db:6379/0\?db=x \(Invalid value for 'db'"),
+    ],
+)
+def test_a_redis_url_redis_cannot_use_is_refused_in_one_line_without_its_password(
+    url: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=f"^not a Redis URL: {message}") as from_env:
+        Settings.from_env({"GPULAYER_REDIS_URL": url})
+    with pytest.raises(ConfigError, match=f"^not a Redis URL: {message}"):
+        Settings.from_env({}, redis_url=url)
+    assert "s3cret" not in str(from_env.value)
+    assert "\n" not in str(from_env.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://db:6379/0", "rediss://u:p@db/1", "unix:///run/redis.sock", "redis://[::1]:6379"]
+)
+def test_the_redis_urls_redis_takes_are_kept(url: str) -> None:
+    assert Settings(redis_url=url).redis_url == url
 
 
 def test_settings_are_frozen() -> None:

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer as gl
-from gpulayer.server import free_port
+from gpulayer.network import free_port
 from tests.conftest import Workers, kill_machine, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent

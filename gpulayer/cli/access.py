@@ -13,8 +13,6 @@ from .. import home as local
 from .. import installation as installations
 from ..models import AccessRole
 from ..settings import Settings
-from ..store import acl
-from ..store.keys import Keys
 from .server import join_host
 
 
@@ -58,7 +56,7 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, ac
     programs use it."""
     if apply and aclfile:
         raise click.UsageError("give --apply or --aclfile, not both")
-    settings = Settings.from_env()
+    settings = Settings.from_env(redis_url=redis_url)  # checks the URL before anything is made
     home = local.private_folder(settings.home)
     if installations.load(home) is not None:
         raise click.ClickException(
@@ -74,7 +72,7 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, ac
     made.save_accesses(home)
     if aclfile is not None:
         # Password hashes only: readable by the Redis that loads it.
-        aclfile.write_text(acl.acl_file(Keys(settings.prefix), made.passwords, redis_major))
+        aclfile.write_text(made.acl_file(redis_major))
         aclfile.chmod(0o644)
         click.echo(
             f"the roles' Redis users are in {aclfile}; their access is kept in {accesses.folder(home)}"
@@ -84,8 +82,8 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, ac
         click.echo(f"the roles' Redis users are made; their access is kept in {accesses.folder(home)}")
         return
     click.echo("# Run these as an admin of that Redis (redis-cli), then `gpulayer up --redis-url URL`:")
-    for command in acl.commands(Keys(settings.prefix), made.passwords, redis_major, disable_default=False):
-        click.echo(acl.printable(command))
+    for line in made.acl_commands(redis_major):
+        click.echo(line)
 
 
 @access_group.command()

@@ -18,8 +18,8 @@ from .. import access as accesses
 from ..client import Client
 from ..errors import GpulayerError
 from ..models import AccessRole, JobRecord, JobState
+from ..network import redact
 from ..settings import Settings
-from ..store.connection import redact
 from ..units import parse_duration
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -125,18 +125,6 @@ def requirement_options(command: F) -> F:
     for option in reversed(options):
         command = option(command)
     return command
-
-
-REQUIREMENT_FIELDS = (
-    "accelerator",
-    "gpus",
-    "gpu_memory",
-    "gpu_name",
-    "frameworks",
-    "cpus",
-    "memory",
-    "labels",
-)
 
 
 def redis_url_option(command: F) -> F:

@@ -21,9 +21,8 @@ from .. import tls
 from ..client import Client
 from ..errors import ConfigError, ServerError
 from ..installation import Installation
+from ..network import address_towards, free_port
 from ..server import (
-    address_towards,
-    free_port,
     redis_server_binary,
     redis_version,
     shutdown_redis,
@@ -32,8 +31,6 @@ from ..server import (
     wait_ready,
 )
 from ..settings import Settings
-from ..store import acl
-from ..store.keys import Keys
 from .app import duration, invoked_as, redis_url_option
 
 #: How long `up` waits for its worker to register, and for its web server to answer.
@@ -206,7 +203,7 @@ def _start_embedded(
         update={"endpoint": endpoint, "ca": ca}
     )
     installations.save(home, installation)
-    users = acl.acl_file(Keys(prefix), installation.passwords, redis_version(binary)[0])
+    users = installation.acl_file(redis_version(binary)[0])
     data = local.private_folder(home / "redis")
     process = start_redis(
         data, port, bind=bind, acl=users, tls=files, durable=True, detach=True, binary=binary

@@ -71,8 +71,8 @@ def server(
     where = f"[{host}]" if ":" in host else host
     proxied = ", behind a proxy" if behind_proxy else ""
     click.echo(
-        f"serving the GPUlayer API and dashboard on {scheme}://{where}:{port}/{proxied} "
-        f"(Redis: {accesses.describe(client.access)})",
+        f"serving the GPUlayer API and dashboard on {scheme}://{where}:{port}/{proxied}, "
+        f"as {accesses.describe(client.access)}",
         err=True,
     )
     app = create_app(client, behind_proxy=behind_proxy, secure_cookies=tls is not None)

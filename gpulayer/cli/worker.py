@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -15,13 +14,12 @@ import click
 from .. import access as accesses
 from .. import home as local
 from ..inventory import Offer
+from ..network import redact
 from ..resources import detect
 from ..settings import Settings
-from ..store.connection import connect, redact
 from ..units import format_size
-from ..worker import Worker
+from ..worker import open_worker
 from ..worker.identity import RunAs, describe
-from ..worker.worker import HEARTBEAT_INTERVAL, LEASE_TTL
 from .app import URL_KEY, F, duration, label_option, open_client, redis_url_option
 
 log = logging.getLogger("gpulayer.worker")
@@ -54,16 +52,14 @@ def _worker_options(command: F) -> F:
         click.option(
             "--lease-ttl",
             type=click.FloatRange(min=0, min_open=True),
-            default=LEASE_TTL,
-            show_default=True,
-            help="Seconds a job's lease lasts unrenewed before another worker may take it.",
+            help="Seconds a job's lease lasts unrenewed before another worker may take it (default: "
+            f"GPULAYER_LEASE_TTL, else {Settings.lease_ttl:g}).",
         ),
         click.option(
             "--heartbeat",
             type=click.FloatRange(min=0, min_open=True),
-            default=HEARTBEAT_INTERVAL,
-            show_default=True,
-            help="Seconds between heartbeats, each renewing every lease.",
+            help="Seconds between heartbeats, each renewing every lease (default: GPULAYER_HEARTBEAT, "
+            f"else {Settings.heartbeat:g}).",
         ),
         click.option(
             "--kill-grace",
@@ -112,19 +108,21 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
     """Run a worker as ``access`` (default: the worker's access kept here; ``redis_url`` replaces its URL)."""
     level = options["log_level"].upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(message)s")
-    settings = Settings.from_env(redis_url=redis_url)
+    settings = Settings.from_env(
+        redis_url=redis_url,
+        kill_grace_seconds=options["kill_grace"],
+        lease_ttl=options["lease_ttl"],
+        heartbeat=options["heartbeat"],
+    )
     access = access or accesses.resolve(settings.redis_url, settings.home, roles=("worker",))
     click.get_current_context().meta[URL_KEY] = redact(access.redis_url)
-    if options["kill_grace"] is not None:
-        settings = dataclasses.replace(settings, kill_grace_seconds=options["kill_grace"])
     name = options["name"] or socket.gethostname()
     run_as = RunAs.lookup(options["run_as"]) if options["run_as"] else None
     local.private_folder(settings.home)
     found = detect(fake_gpus=options["fake_gpus"], gpus=options["gpus"], owner=name)
-    worker = Worker(
-        connect(access.redis_url, ca=access.ca, socket_timeout=max(1.0, options["lease_ttl"] / 2), retries=0),
+    worker = open_worker(
+        access,
         settings,
-        keyring=access.keyring,
         name=name,
         offer=Offer(
             slots=options["slots"] or found.cpus,
@@ -135,8 +133,6 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         ),
         workdir=options["workdir"],
         run_as=run_as,
-        lease_ttl=options["lease_ttl"],
-        heartbeat=options["heartbeat"],
         advertise_addr=options["advertise_addr"],
     )
     gpus = ", ".join(f"{g.index} {g.name}" + (" (simulated)" if g.simulated else "") for g in found.gpus)

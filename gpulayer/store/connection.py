@@ -1,15 +1,16 @@
-"""Opening a Redis connection, and naming it without its password."""
+"""Opening a Redis connection."""
 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from redis import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import ConfigError
+from ..network import redact
 
 _SCHEMES = ("redis", "rediss", "unix")
 #: Longest single block on Redis (ms) while waiting for a job or its logs; waits loop, so a
@@ -39,14 +40,3 @@ def connect(
     if retries is not None:
         options["retry"] = Retry(NoBackoff(), retries)
     return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
-
-
-def redact(url: str) -> str:
-    """The URL with its password replaced by ``***``, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar, cast
 
+from pydantic import TypeAdapter
 from redis import Redis
 from redis.client import Pipeline
 from rq.utils import now
@@ -23,6 +25,7 @@ from ..models import (
     JobSpec,
     JobState,
     OutputSummary,
+    ReasonCode,
 )
 from ..settings import Settings
 from ..signing import Keyring, seal_job, seal_jobs
@@ -35,6 +38,7 @@ from .scripts import Scripts
 _DRAIN = 1000
 #: Done streams one XREAD reads (of jobs being waited on together).
 _SWEEP = 500
+_REASON_CODE: TypeAdapter[ReasonCode] = TypeAdapter(ReasonCode)
 
 
 @functools.lru_cache(maxsize=256)
@@ -47,6 +51,17 @@ def submitted(reply: list[Any]) -> str | None:
     """The id a submit script's reply names: the new job's, an idempotent match's, or None (id taken)."""
     created, job_id = reply
     return job_id.decode() if created else None
+
+
+def under_new_ids(count: int, submit: Callable[[dict[int, str]], Mapping[int, str | None]]) -> list[str]:
+    """The ids of ``count`` jobs that ``submit`` makes: it is given a new random id for each job still to
+    make, by the job's index, and answers with the id each got (:func:`submitted`'s). A job whose id was
+    taken (None) is given another; ids are random, so two submitters never wait on each other."""
+    made: dict[int, str] = {}
+    while len(made) < count:
+        answers = submit({index: secrets.token_hex(6) for index in range(count) if index not in made})
+        made.update((index, job_id) for index, job_id in answers.items() if job_id is not None)
+    return [made[index] for index in range(count)]
 
 
 class JobStore:
@@ -309,6 +324,7 @@ class JobStore:
             worker=self._keys.worker_display_name(worker) if worker else None,
             exit_code=fields.read("gl_exit_code", int, None),
             reason=fields.text("gl_reason"),
+            reason_code=fields.read("gl_reason_code", _REASON_CODE.validate_python, None),
             queue=fields.text("origin") or "",
             created_at=fields.read("created_at", _timestamp, EPOCH),
             queued_at=fields.read("enqueued_at", _timestamp, None),

@@ -13,6 +13,7 @@ from rq.command import PUBSUB_CHANNEL_TEMPLATE
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.results import Result
 from rq.suspension import WORKERS_SUSPENDED
 from rq.worker import BaseWorker
 
@@ -45,6 +46,9 @@ class Keys:
         self.gangs = f"{prefix}:gangs"
         #: Channel a gang job's id is published on when it starts waiting, so workers try to place it.
         self.gang_wake = f"{prefix}:gangs:wake"
+        #: Set of the queue names of gang jobs that failed: where RQ's own requeue puts one back, in a
+        #: queue no worker may serve, so the reaper looks there.
+        self.gang_origins = f"{prefix}:gangs:origins"
         #: The name of the worker placing gang jobs now (with a short TTL): one at a time, so a big
         #: fleet does not read every worker's record once per worker.
         self.gangs_placing = f"{prefix}:gangs:placing"
@@ -79,6 +83,8 @@ class Keys:
         self._templates = {
             # The job's hash: RQ's fields, and ours prefixed ``gl_``.
             "job": Job.redis_job_namespace_prefix + "{}",
+            # RQ's stream of a job's results, by job id: what RQ's tools read to say why it failed.
+            "results": str(Result.get_key("{}")),  # type: ignore[no-untyped-call]
             # An RQ queue (a list of job ids), by queue name.
             "queue": Queue.redis_queue_namespace_prefix + "{}",
             # Sorted set of the ids of jobs in one state, scored by creation time (µs).
@@ -146,6 +152,9 @@ class Keys:
 
     def done(self, job_id: str) -> str:
         return self._key("done", job_id)
+
+    def results(self, job_id: str) -> str:
+        return self._key("results", job_id)
 
     def inputs(self, job_id: str) -> str:
         return self._key("inputs", job_id)

@@ -15,7 +15,7 @@ from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import NoScriptError
 
-from ..models import JobState
+from ..models import WORKER_LOST, JobState
 from ..settings import Settings
 from .histograms import RUN_BUCKETS, START_BUCKETS, bounds_ms
 from .keys import Keys
@@ -60,6 +60,7 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "DELAYED": keys.delayed,
         "GANGS": keys.gangs,
         "GANG_WAKE": keys.gang_wake,
+        "GANG_ORIGINS": keys.gang_origins,
         "GANG_START_TRIES": GANG_START_TRIES,
         "NEW_QUEUE": keys.new_queue,
         "PREFIX": keys.queue_name(""),
@@ -74,6 +75,7 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "RUN_BUCKETS": bounds_ms(RUN_BUCKETS),
         "ENDED_COUNTS": keys.ended_counts,
         "FINAL": {state.value: 1 for state in JobState if state.is_terminal},
+        "WORKER_LOST": WORKER_LOST,
     }
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in constants.items())
 

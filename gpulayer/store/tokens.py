@@ -14,16 +14,14 @@ from __future__ import annotations
 import hashlib
 import math
 import secrets
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import cast
 
-from pydantic import BaseModel, ConfigDict
 from redis import Redis
 from redis.client import Pipeline
 
 from ..errors import InvalidJobSpec, TokenError
-from ..models import Role, TokenInfo, validated
+from ..models import BrowserSession, OpenedSession, Role, TokenInfo, validated
 from .keys import Keys
 
 #: Every token starts so, for secret scanners and people reading logs.
@@ -37,28 +35,6 @@ SESSION_LIFETIME = 12 * 3600
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-class BrowserSession(BaseModel):
-    """What Redis keeps of a browser session, under the SHA-256 of its cookie."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    #: The SHA-256 of the session's token: checked again at every request, so revoking ends it.
-    token: str
-    #: What every change made through the session must carry.
-    csrf_token: str
-
-
-@dataclass(frozen=True)
-class OpenedSession:
-    """A new session: the cookie (given to the browser once, never stored), its record and token."""
-
-    cookie: str
-    record: BrowserSession
-    token: TokenInfo
-    #: How long it lasts (whole seconds, at least 1): the cookie's Max-Age.
-    lifetime: int
 
 
 class TokenStore:
@@ -159,7 +135,7 @@ class TokenStore:
         record = BrowserSession(token=token_hash(token), csrf_token=secrets.token_urlsafe(32))
         ttl = math.ceil(lifetime * 1000)
         self._redis.set(self._keys.session(token_hash(cookie)), record.model_dump_json(), px=ttl)
-        return OpenedSession(cookie, record, info, max(1, math.ceil(ttl / 1000)))
+        return OpenedSession(cookie=cookie, record=record, token=info, lifetime=max(1, math.ceil(ttl / 1000)))
 
     def session(self, cookie: str) -> BrowserSession | None:
         """The record of the session ``cookie`` stands for, until it is closed or its lifetime ends

@@ -23,7 +23,7 @@ import cloudpickle
 import torch
 from torch.multiprocessing.spawn import start_processes
 
-from ..server import free_port
+from ..network import free_port
 from .ranks import leave
 
 

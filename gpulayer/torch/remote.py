@@ -26,7 +26,7 @@ import torch
 from .. import archive
 from ..distributed import DistributedJob
 from ..functions import FunctionHandle
-from ..models import CHECKPOINT_VARIABLE
+from ..models import CHECKPOINT_VARIABLE, JOB_ID_VARIABLE
 from ..settings import Settings
 from ..unpacking import extract
 from .ranks import leave
@@ -70,7 +70,7 @@ def _rank(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> di
     torch.manual_seed(seed + rank)
     random.seed(seed + rank)
     kept = os.environ.get(CHECKPOINT_VARIABLE)
-    folder = Path(kept) if kept else Path(tempfile.gettempdir(), JOB_RUNS, os.environ["GPULAYER_JOB_ID"])
+    folder = Path(kept) if kept else Path(tempfile.gettempdir(), JOB_RUNS, os.environ[JOB_ID_VARIABLE])
     trainer.relocate(folder)
     outcome = work()
     leave()

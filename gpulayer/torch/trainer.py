@@ -23,7 +23,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
-from ..models import CHECKPOINT_VARIABLE
+from ..models import CHECKPOINT_VARIABLE, JOB_ID_VARIABLE
 from . import checkpoint, data, launch, remote
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
 from .loops import FitLoop, Session, evaluate, predict
@@ -457,7 +457,7 @@ def _default_run_dir() -> Path:
     kept = os.environ.get(CHECKPOINT_VARIABLE)
     if kept:
         return Path(kept)
-    return Path(RUNS_FOLDER) / (os.environ.get("GPULAYER_JOB_ID") or "default")
+    return Path(RUNS_FOLDER) / (os.environ.get(JOB_ID_VARIABLE) or "default")
 
 
 def _arranged(

@@ -10,9 +10,11 @@ from flask import Blueprint, Response, g, jsonify, request, send_file
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from werkzeug.datastructures import FileStorage
 
+from ..archive import SPOOL_BYTES
 from ..client import Job
 from ..errors import ArchiveError, OutputNotProduced, TokenError
-from ..models import JobState, Launcher, RetryOn, Role, plain_name, validation_message
+from ..job_options import JobOptions
+from ..models import JobState, Role, plain_name, validation_message
 from ..units import parse_duration
 from ..unpacking import extract
 from .auth import client, requires
@@ -21,29 +23,13 @@ from .errors import ApiError
 api = Blueprint("api", __name__, url_prefix="/api/v1")
 #: Most jobs, and log lines, one page holds.
 MAX_PAGE = 1000
-_SPOOL = 16 * 1024 * 1024
 
 
-class SubmitRequest(BaseModel):
+class SubmitRequest(JobOptions):
     """``POST /jobs``: a command job, as ``gpulayer submit`` takes it (the job itself is then checked
     by the same :class:`gpulayer.JobSpec` the CLI builds)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
     command: list[str] | str
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: float | None = None
-    name: str | None = None
-    outputs: list[str] = Field(default_factory=list)
-    priority: int = 0
-    retries: int | None = None
-    retry_on: RetryOn | None = None
-    retry_delay: float | None = None
-    idempotency_key: str | None = None
-    fail_if_unschedulable: bool = False
-    nodes: int | None = None
-    procs_per_node: int | None = None
-    launcher: Launcher | None = None
     #: The fields of :class:`gpulayer.Requirements`.
     requirements: dict[str, Any] = Field(default_factory=dict)
 
@@ -210,7 +196,7 @@ def outputs(job_id: str) -> Response:
     record = client().get(job_id).status()
     if not record.state.is_terminal:
         raise ApiError(409, f"job {job_id} is {record.state.value}; outputs are uploaded when it ends")
-    spooled = tempfile.SpooledTemporaryFile(_SPOOL)  # noqa: SIM115 - send_file closes it
+    spooled = tempfile.SpooledTemporaryFile(SPOOL_BYTES)  # noqa: SIM115 - send_file closes it
     try:
         client().get(job_id).outputs_archive(spooled)
     except OutputNotProduced as exc:

@@ -12,8 +12,7 @@ from typing import Any, TypeVar
 from flask import current_app, g, request
 
 from ..client import Client
-from ..models import Role, TokenInfo
-from ..store.tokens import BrowserSession
+from ..models import BrowserSession, Role, TokenInfo
 from .errors import ApiError
 
 F = TypeVar("F", bound=Callable[..., Any])

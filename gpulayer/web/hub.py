@@ -15,12 +15,7 @@ import queue
 import threading
 from typing import Any, cast
 
-from redis import Redis
-
 from ..client import Client
-from ..models import LogLine
-from ..store.keys import Keys
-from ..store.logs import parse_entry
 
 log = logging.getLogger("gpulayer.web")
 #: How long one read blocks (ms): how soon a newly watched job is read from.
@@ -43,10 +38,9 @@ class Watcher:
 
 
 class LogHub(threading.Thread):
-    def __init__(self, redis: Redis, keys: Keys) -> None:
+    def __init__(self, client: Client) -> None:
         super().__init__(name="gpulayer-log-hub", daemon=True)
-        self._redis = redis
-        self._keys = keys
+        self._client = client
         self._lock = threading.Lock()
         self._joining: list[tuple[Watcher, str]] = []
         self._leaving: list[Watcher] = []
@@ -101,8 +95,8 @@ class LogHub(threading.Thread):
             job = cast(str, watcher.job_id)
             if job in self._cursors:
                 # Late: it first gets what the hub already handed out after its own cursor.
-                for line_id, line in self._page(job, after, self._cursors[job]):
-                    watcher.inbox.put(("line", (line_id, line)))
+                for line in self._client.log_range(job, after, self._cursors[job]):
+                    watcher.inbox.put(("line", line))
             else:
                 self._cursors[job] = after
             self._watchers.setdefault(job, []).append(watcher)
@@ -112,48 +106,20 @@ class LogHub(threading.Thread):
                     if watcher.token == token:
                         watcher.inbox.put(("revoked", token))
 
-    def _page(self, job_id: str, after: str, until: str) -> list[tuple[str, LogLine]]:
-        raw = cast(
-            list[tuple[bytes, dict[bytes, bytes]]],
-            self._redis.xrange(self._keys.logs(job_id), f"({after}" if after != "0-0" else "-", until),
-        )
-        return [parse_entry(entry_id, fields) for entry_id, fields in raw]
-
     def _read(self) -> None:
         if not self._cursors:
             self._stopping.wait(_BLOCK_MS / 1000)
             return
-        # Each watched job's log (from its cursor) and done stream (its one entry), by key.
-        streams: dict[str, tuple[str, str]] = {}
-        for job, cursor in self._cursors.items():
-            streams[self._keys.logs(job)] = (job, cursor)
-            streams[self._keys.done(job)] = (job, "0-0")
-        reply = cast(
-            list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]],
-            self._redis.xread(
-                {key: cursor for key, (_, cursor) in streams.items()},
-                count=_COUNT,
-                block=_BLOCK_MS,
-            ),
-        )
-        ended: dict[str, str] = {}
-        printed: set[str] = set()
-        for key, entries in reply:
-            name = key.decode()
-            job = streams[name][0]
-            if name == self._keys.done(job):
-                ended[job] = entries[0][1][b"state"].decode()
-                continue
-            printed.add(job)
-            for entry_id, fields in entries:
-                line = parse_entry(entry_id, fields)
+        updates = self._client.read_logs(self._cursors, count=_COUNT, block_ms=_BLOCK_MS)
+        for job, lines in updates.lines.items():
+            for line in lines:
                 for watcher in self._watchers.get(job, []):
                     watcher.inbox.put(("line", line))
                 self._cursors[job] = line[0]
         # A job's last lines may still be unread this round: only once a read finds none is it over.
-        for job in ended.keys() - printed:
+        for job in updates.ended.keys() - updates.lines.keys():
             for watcher in self._watchers.pop(job, []):
-                watcher.inbox.put(("end", ended[job]))
+                watcher.inbox.put(("end", updates.ended[job].value))
             self._cursors.pop(job, None)
 
 
@@ -161,10 +127,9 @@ class Channels(threading.Thread):
     """The pub/sub side: events for ``/ws/events`` sockets (subscribed only while one is open, since
     every job's every state change crosses that channel) and revoked tokens for every socket."""
 
-    def __init__(self, redis: Redis, keys: Keys, logs: LogHub) -> None:
+    def __init__(self, client: Client, logs: LogHub) -> None:
         super().__init__(name="gpulayer-channels", daemon=True)
-        self._redis = redis
-        self._keys = keys
+        self._client = client
         self._logs = logs
         self._lock = threading.Lock()
         self._listeners: list[Watcher] = []
@@ -185,28 +150,26 @@ class Channels(threading.Thread):
         self._stopping.set()
 
     def run(self) -> None:
-        channels = self._redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        channels.subscribe(self._keys.tokens_revoked)
-        following = False
+        subscription = None
         while not self._stopping.is_set():
             try:
+                subscription = subscription or self._client.subscribe()
                 with self._lock:
                     wanted = bool(self._listeners)
-                if wanted != following:
-                    following = wanted
-                    (channels.subscribe if wanted else channels.unsubscribe)(self._keys.events)
-                message = channels.get_message(timeout=_BLOCK_MS / 1000)
+                subscription.follow_events(wanted)
+                message = subscription.next(timeout=_BLOCK_MS / 1000)
                 if message is not None:
-                    self._hand_out(message)
+                    self._hand_out(*message)
             except Exception:  # as the log hub: outlive any one bad round
                 log.exception("the channel listener failed a round; going on")
                 self._stopping.wait(1.0)
+        if subscription is not None:
+            subscription.close()
 
-    def _hand_out(self, message: dict[str, Any]) -> None:
-        data = message["data"].decode()
+    def _hand_out(self, kind: str, data: str) -> None:
         with self._lock:
             listeners = list(self._listeners)
-        if message["channel"].decode() == self._keys.events:
+        if kind == "event":
             for watcher in listeners:
                 watcher.inbox.put(("event", data))
             return
@@ -238,8 +201,8 @@ class Hub:
             if self._threads is None or not all(thread.is_alive() for thread in self._threads):
                 for thread in self._threads or ():
                     thread.stop()
-                logs = LogHub(self._client.redis, self._client.keys)
-                self._threads = (logs, Channels(self._client.redis, self._client.keys, logs))
+                logs = LogHub(self._client)
+                self._threads = (logs, Channels(self._client, logs))
                 for thread in self._threads:
                     thread.start()
             return self._threads

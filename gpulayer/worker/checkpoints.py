@@ -21,7 +21,7 @@ from pathlib import Path
 
 import redis.exceptions
 
-from ..archive import folder_manifest
+from ..archive import SPOOL_BYTES, folder_manifest
 from ..store.artifacts import ArtifactStore, MissingArtifact
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
@@ -30,7 +30,6 @@ from ..unpacking import extract
 log = logging.getLogger("gpulayer.worker")
 #: The folder's name: the job folder's, with this in front.
 PREFIX = "ckpt-"
-_SPOOL = 16 * 1024 * 1024
 
 Signature = tuple[tuple[str, int, int], ...]
 
@@ -63,7 +62,7 @@ class CheckpointKeeper:
 
     def restore(self) -> None:
         """Fill the folder with the checkpoint an earlier attempt kept, if there is one."""
-        with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+        with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
             try:
                 self._artifacts.get_checkpoint(self._claim.target, archive)
             except MissingArtifact:
@@ -98,7 +97,7 @@ class CheckpointKeeper:
                     f"{format_size(self._max_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES): not kept"
                 )
             return
-        with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+        with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
             manifest.write(archive)
             archive.seek(0)
             self._artifacts.put_checkpoint(self._claim.target, self._claim.attempt, archive)

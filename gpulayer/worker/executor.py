@@ -14,12 +14,17 @@ the job and attempt. The executor holds no key and no credential: nothing a call
 
 from __future__ import annotations
 
+import contextlib
 import json
+import linecache
 import os
 import pickle
 import sys
 import traceback
+import types
+from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -75,7 +80,33 @@ def _function(pickled: bytes) -> Any:
         if len(_FUNCTIONS) >= _FUNCTIONS_KEPT:
             _FUNCTIONS.clear()
         function = _FUNCTIONS[pickled] = pickle.loads(pickled)
+        _remember_sources(function)
     return function
+
+
+def _remember_sources(function: Any) -> None:
+    """The lines of the project's files the function's code names (relative to the bundle, this
+    process's folder), read now: linecache would look for them in the current folder when a
+    traceback is printed, and a call may have changed it by then."""
+    code = getattr(function, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return
+    for name in {each.co_filename for each in _codes(code)}:
+        path = Path(name)
+        if path.is_absolute() or name.startswith("<") or name in linecache.cache or not path.is_file():
+            continue
+        with contextlib.suppress(OSError):  # a traceback without its lines, not a failed call
+            lines = path.read_text(errors="replace").splitlines(keepends=True)
+            # No modification time: linecache.checkcache keeps the entry, as it keeps a loader's.
+            linecache.cache[name] = (path.stat().st_size, None, lines, str(path.resolve()))
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and the code nested in it (its lambdas, inner functions and comprehensions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
 
 
 def has_children() -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import tempfile
 from typing import IO, TYPE_CHECKING
 
-from ..archive import pack_outputs
+from ..archive import SPOOL_BYTES, pack_outputs
 from ..errors import ArtifactTooLarge
 from ..models import OutputSummary
 from ..signing import check_file
@@ -17,13 +17,12 @@ if TYPE_CHECKING:
     from .runner import JobRunner
 
 # Spool archives in memory up to this size, on disk beyond.
-_SPOOL = 16 * 1024 * 1024
 
 
 def fetch_inputs(job: JobRunner) -> None:
     names = ([SOURCE_ARCHIVE] if job.spec.source else []) + ([INPUTS_ARCHIVE] if job.spec.inputs else [])
     for name in names:
-        with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+        with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
             check_file(job.digests, name, job.persist(_download, job, name, archive))
             # Inputs after the source, never over it: an input may not replace a source file.
             extract(archive, job.workdir, max_bytes=job.context.settings.max_job_bytes)
@@ -42,7 +41,7 @@ def upload_outputs(job: JobRunner) -> tuple[OutputSummary | None, str | None]:
     """What the job's output patterns found (or the reason they are too large to keep)."""
     if not job.spec.outputs:
         return None, None
-    with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
         try:
             # As the job's user: a link it left towards the worker's files reads as nothing.
             with job.processes.reading():

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..archive import SPOOL_BYTES
 from ..bundles import archive_digest
 from ..errors import UntrustedPayload
 from ..signing import SigningKey
@@ -24,7 +25,6 @@ BUNDLE_MARKER = ".gpulayer-bundle"
 #: A bundle folder in use is checked for and touched this often (s), not at every call.
 _TOUCH = 3600.0
 # Spool a bundle in memory up to this size while unpacking it, on disk beyond.
-_SPOOL = 16 * 1024 * 1024
 
 
 class CodeBundles:
@@ -60,7 +60,7 @@ class CodeBundles:
         self._root.mkdir(parents=True, exist_ok=True)
         aside = Path(tempfile.mkdtemp(prefix=".unpacking-", dir=self._root))
         try:
-            with tempfile.SpooledTemporaryFile(_SPOOL) as archive:
+            with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
                 self._artifacts.get_bundle(digest, archive)
                 archive.seek(0)
                 # Its name is in the job's signature: only what the submitter shipped is unpacked.

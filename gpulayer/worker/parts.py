@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..models import Distributed, JobState
+from ..network import free_port
 from ..payloads import CALL
-from ..server import free_port
 from ..store.execution import Part
 from . import ranks
 from .calling import reply_ending, runtime

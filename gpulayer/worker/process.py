@@ -15,10 +15,9 @@ from typing import Any
 
 import psutil
 
+from ..models import JOB_ID_VARIABLE
 from .identity import RunAs
 
-#: Every process of a job has this in its environment (the job's id): how its strays are recognised.
-JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
 #: What a job's processes never inherit from the worker's environment: GPUlayer's own variables (the
 #: Redis URL and its password, an access token, the home with the worker's keys) and Redis's.
 _KEPT_FROM_JOBS = ("GPULAYER_", "REDISCLI_AUTH")

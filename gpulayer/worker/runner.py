@@ -25,7 +25,7 @@ import redis.exceptions
 from redis.client import Pipeline
 
 from ..errors import ArchiveError, UntrustedPayload
-from ..models import CHECKPOINT_VARIABLE, JobSpec, JobState, OutputSummary
+from ..models import ATTEMPT_VARIABLE, CHECKPOINT_VARIABLE, JOB_ID_VARIABLE, JobSpec, JobState, OutputSummary
 from ..payloads import CALL
 from ..settings import Settings
 from ..signing import check_file, sign_result
@@ -40,7 +40,7 @@ from .executors import Executor
 from .functions import FunctionRuntime
 from .launches import Launch
 from .output import Tracked
-from .process import JOB_ID_VARIABLE, JobProcesses, signal_tree
+from .process import JobProcesses, signal_tree
 from .supervisor import DRAIN, TICK, Supervisor, Watch
 
 log = logging.getLogger("gpulayer.worker")
@@ -176,7 +176,7 @@ class JobRunner:
         if status == "cancel" or self._stop == "cancel":
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
-        env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, "GPULAYER_ATTEMPT": attempt}
+        env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, ATTEMPT_VARIABLE: attempt}
         functions = self.context.functions
         if functions is not None:
             # An idle executor may hold GPU memory this job is about to need.

@@ -43,7 +43,7 @@ from ..errors import ConfigError, UntrustedPayload
 from ..home import private_folder
 from ..inventory import SILENT_BEATS, Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
-from ..server import address_towards
+from ..network import address_towards
 from ..settings import Settings
 from ..signing import Keyring, Verified, check_job
 from ..store.execution import Claim, Claimed, ClaimRequest
@@ -74,10 +74,6 @@ log = logging.getLogger("gpulayer.worker")
 WORKER_TTL = 60
 #: Seconds between runs of RQ's registry cleaning and our index pruning.
 MAINTENANCE_INTERVAL = 60
-#: Seconds a job's lease holds without renewal; after that the reaper gives the job to another worker.
-LEASE_TTL = 15.0
-#: Seconds between heartbeats, each renewing every lease the worker holds.
-HEARTBEAT_INTERVAL = 5.0
 #: Set to ``exit-after-claim`` (tests only), a worker dies right after claiming: the dequeue window.
 FAULT_VARIABLE = "GPULAYER_TEST_FAULT"
 #: Ends the name of each job folder, so a restart removes those and nothing else in --workdir.
@@ -110,8 +106,8 @@ class Worker(BaseWorker):
         offer: Offer,
         workdir: Path | None = None,
         run_as: RunAs | None = None,
-        lease_ttl: float = LEASE_TTL,
-        heartbeat: float = HEARTBEAT_INTERVAL,
+        lease_ttl: float = Settings.lease_ttl,
+        heartbeat: float = Settings.heartbeat,
         advertise_addr: str | None = None,
     ) -> None:
         self._stores = stores = Stores.open(connection, settings)

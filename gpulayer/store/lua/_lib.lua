@@ -1,9 +1,9 @@
 -- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, GANGS,
--- GANG_WAKE, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES, RETENTION,
--- EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS, ENDED_COUNTS, FINAL; see
--- gpulayer/store/scripts.py) and then this
--- file before each script. Keys of jobs named only by id are built here with key(); the scripts run
--- on one Redis, not a cluster. Times of leases and back-offs are Redis's own (TIME), never a client's.
+-- GANG_WAKE, GANG_ORIGINS, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES,
+-- RETENTION, EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS, ENDED_COUNTS, FINAL; see
+-- gpulayer/store/scripts.py) and then this file before each script. Keys of jobs named only by id
+-- are built here with key(); the scripts run on one Redis, not a cluster. Times of leases and
+-- back-offs are Redis's own (TIME), never a client's.
 
 local function key(template, value)
   return template[1] .. value .. template[2]
@@ -30,6 +30,58 @@ local function decoded(text, default)
     return value
   end
   return default
+end
+
+-- How many of a job's last log lines RQ's tools see with a failure, and how long each may be (bytes).
+local RQ_LOG_LINES, RQ_LINE_MAX = 10, 300
+local B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/'
+
+-- At most ``max`` bytes of ``text``, never cutting a UTF-8 character in two: RQ's readers decode
+-- what they read strictly, and one broken character would fail the whole page that shows it.
+local function cut(text, max)
+  if #text <= max then
+    return text
+  end
+  local stop = max
+  while stop > 0 and string.byte(text, stop + 1) >= 128 and string.byte(text, stop + 1) < 192 do
+    stop = stop - 1
+  end
+  return string.sub(text, 1, stop) .. '...'
+end
+
+-- ``text`` in zlib's format (RFC 1950) made of deflate's stored blocks (RFC 1951): what RQ's readers
+-- take (zlib.decompress). Redis's Lua has no compressor, and a few lines need none.
+local function zlib_stored(text)
+  local a, b = 1, 0
+  for i = 1, #text do
+    a = (a + string.byte(text, i)) % 65521
+    b = (b + a) % 65521
+  end
+  local out = {'\120\1'}
+  local at = 1
+  repeat
+    local n = math.min(#text - at + 1, 65535)
+    local last = (at + n > #text) and 1 or 0
+    out[#out + 1] = string.char(last, n % 256, math.floor(n / 256), 255 - n % 256, 255 - math.floor(n / 256))
+    out[#out + 1] = string.sub(text, at, at + n - 1)
+    at = at + n
+  until at > #text
+  out[#out + 1] = string.char(math.floor(b / 256), b % 256, math.floor(a / 256), a % 256)
+  return table.concat(out)
+end
+
+local function base64(data)
+  local out = {}
+  for i = 1, #data, 3 do
+    local x, y, z = string.byte(data, i, i + 2)
+    local n = x * 65536 + (y or 0) * 256 + (z or 0)
+    local c = {math.floor(n / 262144), math.floor(n / 4096) % 64, math.floor(n / 64) % 64, n % 64}
+    for j = 1, 4 do
+      c[j] = string.sub(B64, c[j] + 1, c[j] + 1)
+    end
+    out[#out + 1] = c[1] .. c[2] .. (y and c[3] or '=') .. (z and c[4] or '=')
+  end
+  return table.concat(out)
 end
 
 -- HINCRBY that counts a garbled field as 0 (a counter is rewritten, never an error); the new value.
@@ -142,12 +194,45 @@ local function release(id, jobkey)
   redis.call('zrem', LEASES, id)
 end
 
--- Takes a job off the worker that holds it: RQ's started registry, the worker's set, what it holds.
+-- RQ's view of a worker shows one current job (its hash's current_job, which RQ's worker sets as it
+-- starts a job): of the jobs a GPUlayer worker runs at once, the one it started last. A part of a
+-- gang job shows as its gang job, the job RQ's tools can read. Not for a worker whose hash is gone.
+local function show_current(rq_name, shown)
+  local worker = key(K.rq_worker, rq_name)
+  if redis.call('exists', worker) == 1 then
+    redis.call('hset', worker, 'current_job', shown)
+  end
+end
+
+-- A job left its worker: if RQ's view showed it, it shows the one started last of those the worker
+-- still runs, or none (RQ's "idle").
+local function show_next(rq_name, gone)
+  local worker = key(K.rq_worker, rq_name)
+  if redis.call('hget', worker, 'current_job') ~= gone then
+    return
+  end
+  local latest, latest_at = nil, ''
+  for _, other in ipairs(redis.call('smembers', key(K.worker_jobs, display(rq_name)))) do
+    local v = redis.call('hmget', key(K.job, other), 'gl_state', 'started_at', 'gl_parent')
+    if v[1] == 'running' and v[2] and v[2] > latest_at then
+      latest, latest_at = v[3] or other, v[2]
+    end
+  end
+  if latest then
+    redis.call('hset', worker, 'current_job', latest)
+  else
+    redis.call('hdel', worker, 'current_job')
+  end
+end
+
+-- Takes a job off the worker that holds it: RQ's started registry, the worker's set (and RQ's view of
+-- its current job), what it holds.
 local function detach(id, jobkey)
-  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'worker_name')
+  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'worker_name', 'gl_parent')
   redis.call('zrem', key(K.started, v[1] or ''), id .. ':' .. (v[2] or '0'))
   if v[3] and v[3] ~= '' then
     redis.call('srem', key(K.worker_jobs, display(v[3])), id)
+    show_next(v[3], v[4] or id)
   end
   release(id, jobkey)
 end
@@ -169,7 +254,7 @@ end
 local function back_to_queue(id, jobkey, delay_ms)
   set_state(id, jobkey, 'queued')
   redis.call('hset', jobkey, 'worker_name', '', 'started_at', '')
-  redis.call('hdel', jobkey, 'gl_exit_code', 'gl_reason', 'gl_cancel')
+  redis.call('hdel', jobkey, 'gl_exit_code', 'gl_reason', 'gl_reason_code', 'gl_cancel')
   if delay_ms > 0 then
     local at = now_ms() + delay_ms
     redis.call('zadd', DELAYED, at, id)
@@ -191,10 +276,60 @@ local function use_retry(jobkey, kind)
   return math.floor((tonumber(v[3]) or 0) * 1000 * 2 ^ used)
 end
 
--- Ends a job in a terminal state: off its worker, RQ's registries, the done stream waiters block on
--- (and its batch's list of ended jobs), and retention (the submitter's, kept in RQ's result_ttl field).
+-- Why a job did not succeed, as RQ's tools show it (where RQ's worker puts a traceback): its reason,
+-- where it ran, and the last lines of its log; ``note`` last.
+local function failure_text(id, jobkey, state, note)
+  local v = redis.call('hmget', jobkey, 'gl_reason', 'gl_exit_code', 'gl_attempt', 'worker_name')
+  local where = 'attempt ' .. (v[3] or '0')
+  if v[4] and v[4] ~= '' then
+    where = where .. ' on worker ' .. display(v[4])
+  end
+  if v[2] then
+    where = where .. ', exit code ' .. v[2]
+  end
+  local said = (string.gsub(state, '_', ' '))
+  local lines = {'GPUlayer job ' .. id .. ' ' .. said .. ': ' .. cut(v[1] or said, 1000), where}
+  local logged = redis.call('xrevrange', key(K.logs, id), '+', '-', 'COUNT', RQ_LOG_LINES)
+  if #logged > 0 then
+    lines[#lines + 1] = 'last lines of its log:'
+  end
+  for i = #logged, 1, -1 do
+    local entry, fields = {}, logged[i][2]
+    for f = 1, #fields, 2 do
+      entry[fields[f]] = fields[f + 1]
+    end
+    local rank = entry.r and (' rank ' .. entry.r) or ''
+    lines[#lines + 1] = '  [' .. (entry.s or '?') .. rank .. '] ' .. cut(entry.l or '', RQ_LINE_MAX)
+  end
+  if note then
+    lines[#lines + 1] = note
+  end
+  return table.concat(lines, '\n')
+end
+
+-- RQ's record of how a job ended, as RQ's worker writes it and its tools read it (rq-dashboard,
+-- job.latest_result(), job.exc_info): a failure's text in the hash's exc_info and a failed Result
+-- (type 2) on the job's results stream. A success adds a Result (type 1) only to a job that has
+-- results, one RQ requeued after a failure, so that failure no longer shows as its latest; any other
+-- job is spared the key.
+local function rq_result(id, jobkey, state, note)
+  local results = key(K.results, id)
+  local v = redis.call('hmget', jobkey, 'worker_name', 'gl_attempt')
+  local common = {'worker_name', v[1] or '', 'execution_id', v[2] or '0'}
+  if RQ_STATUS[state] == 'failed' then
+    local text = zlib_stored(failure_text(id, jobkey, state, note))
+    redis.call('hset', jobkey, 'exc_info', text)
+    redis.call('xadd', results, 'MAXLEN', '~', 10, '*', 'type', 2, 'exc_string', base64(text), unpack(common))
+  elseif state == 'succeeded' and redis.call('exists', results) == 1 then
+    redis.call('xadd', results, 'MAXLEN', '~', 10, '*', 'type', 1, unpack(common))
+  end
+end
+
+-- Ends a job in a terminal state: off its worker, RQ's registries and RQ's record of its result, the
+-- done stream waiters block on (and its batch's list of ended jobs), and retention (the submitter's,
+-- kept in RQ's result_ttl field).
 local function end_job(id, jobkey, state, ended_at)
-  local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch')
+  local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch', 'gl_nodes')
   local retention = tonumber(v[2]) or RETENTION
   -- Only a key of the kind it should name: a garbled field must not set a TTL on any other key.
   if v[3] and string.sub(v[3], 1, #K.idempotency[1]) ~= K.idempotency[1] then
@@ -212,8 +347,14 @@ local function end_job(id, jobkey, state, ended_at)
   redis.call('hset', jobkey, 'ended_at', ended_at)
   redis.call('zadd', key(K[RQ_STATUS[state]], v[1] or ''), math.floor(now_ms() / 1000) + retention, id)
   redis.call('xadd', key(K.done, id), '*', 'state', state)
+  rq_result(id, jobkey, state)
+  if v[5] and RQ_STATUS[state] == 'failed' then
+    -- Where RQ's requeue would put it back: a queue no worker may serve (gang jobs wait elsewhere).
+    redis.call('sadd', GANG_ORIGINS, v[1] or '')
+  end
   redis.call('del', key(K.inputs, id), key(K.checkpoint, id))
-  for _, k in ipairs({jobkey, key(K.logs, id), key(K.done, id), key(K.outputs, id), v[3]}) do
+  local kept = {jobkey, key(K.logs, id), key(K.done, id), key(K.outputs, id), key(K.results, id), v[3]}
+  for _, k in ipairs(kept) do
     if k then
       redis.call('expire', k, retention)
     end
@@ -275,7 +416,7 @@ local function gang_ends(id, jobkey, now_text)
       detach(id, jobkey)
       return back_to_queue(id, jobkey, delay)
     end
-    redis.call('hset', jobkey, 'gl_reason', 'worker lost: ' .. lost)
+    redis.call('hset', jobkey, 'gl_reason', 'worker lost: ' .. lost, 'gl_reason_code', WORKER_LOST)
     return end_job(id, jobkey, 'failed', now_text)
   end
   local code = tonumber(failure.exit_code)
@@ -349,7 +490,7 @@ local function lose(id, jobkey, reason, now_text)
     back_to_queue(id, jobkey, delay)
     return 'requeued'
   end
-  redis.call('hset', jobkey, 'gl_reason', 'worker lost')
+  redis.call('hset', jobkey, 'gl_reason', 'worker lost', 'gl_reason_code', WORKER_LOST)
   end_job(id, jobkey, 'failed', now_text)
   return 'failed'
 end
@@ -377,4 +518,58 @@ end
 local function spoil(id, jobkey, why, now_text)
   redis.call('hset', jobkey, 'gl_reason', 'corrupt record: ' .. why)
   end_job(id, jobkey, 'failed', now_text)
+end
+
+-- RQ's requeue (rq-dashboard's, job.requeue(), a registry's requeue()) puts an ended job back in its
+-- queue and calls it queued, while its gl_state still says how it ended: such a job is taken up by
+-- the claim that pops it (a gang job's, which no worker's queue may hold, by the reaper).
+-- A viewer's requeue never gets here: RQ's requeue writes, and the viewer's Redis user may not.
+local function requeued_by_rq(jobkey, state)
+  return FINAL[state] and redis.call('hget', jobkey, 'status') == RQ_STATUS.queued
+end
+
+-- A failed or timed-out job that RQ requeued runs again, as the next attempt of the same job:
+-- unchanged, so its seal still holds, with the retries it had left, at the front of its queue (the
+-- claim's next pop) or among the waiting gangs. Any other, or one whose files were deleted when it
+-- ended, is put back as it was in both views, saying why in its log and to RQ.
+local function take_requeue(id, jobkey, state)
+  local v = redis.call('hmget', jobkey, 'gl_attempt', 'gl_spec', 'origin', 'gl_idempotency')
+  local why
+  if state ~= 'failed' and state ~= 'timed_out' then
+    why = 'only a failed job runs again'
+  else
+    local spec = decoded(v[2], {})
+    local inputs = type(spec.inputs) == 'table' and #spec.inputs > 0
+    if (spec.source or inputs or spec['function']) and redis.call('exists', key(K.inputs, id)) == 0 then
+      why = 'its files were deleted when it ended; submit it again'
+    end
+  end
+  local registry = key(K[RQ_STATUS[state]], v[3] or '')
+  if why then
+    local note = 'requeue through RQ refused: ' .. why
+    local ttl = redis.call('ttl', jobkey)
+    ttl = ttl > 0 and ttl or RETENTION
+    redis.call('hset', jobkey, 'status', RQ_STATUS[state])
+    redis.call('zadd', registry, math.floor(now_ms() / 1000) + ttl, id)
+    rq_result(id, jobkey, state, note)
+    log_line(id, 'system', v[1] or '0', note)
+    -- With the job: the log line may have made its stream, and the note its results.
+    redis.call('expire', key(K.logs, id), ttl)
+    redis.call('expire', key(K.results, id), ttl)
+    return
+  end
+  log_line(id, 'system', v[1] or '0', 'requeued through RQ: it runs again')
+  redis.call('zrem', registry, id)
+  -- Live again: waiters wait for its new end, and its keys keep no TTL until then.
+  redis.call('del', key(K.done, id))
+  for _, k in ipairs({jobkey, key(K.logs, id), key(K.outputs, id), key(K.results, id)}) do
+    redis.call('persist', k)
+  end
+  -- Its idempotency key, unless it expired and a new submit took it for another job.
+  local idempotency = v[4] and string.sub(v[4], 1, #K.idempotency[1]) == K.idempotency[1]
+  if idempotency and redis.call('get', v[4]) == id then
+    redis.call('persist', v[4])
+  end
+  redis.call('hset', jobkey, 'ended_at', '')
+  back_to_queue(id, jobkey, 0)
 end

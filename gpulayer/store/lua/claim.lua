@@ -15,7 +15,8 @@
 -- it running (a job with no files to fetch first: gl_starts_at_claim), else '', and for such a job
 -- its input files' hash as field, value pairs (a function's call; empty for a command).
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or no longer queued are
--- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker.
+-- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker; an ended
+-- job that RQ's own requeue put back in its queue runs again or is refused (take_requeue).
 local out = {redis.call('zcard', GANGS)}
 for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
   local v = redis.call('hmget', key(K.job, id), 'gl_state', 'worker_name', 'gl_attempt', 'gl_spec', 'origin',
@@ -73,6 +74,8 @@ for q = 7, #ARGV, 5 do
     end
     if why then
       spoil(id, jobkey, why, ARGV[3])
+    elseif requeued_by_rq(jobkey, state) then
+      take_requeue(id, jobkey, state)
     elseif state == 'queued' then
       local attempt = redis.call('hincrby', jobkey, 'gl_attempt', 1)
       for _, uuid in ipairs(free_uuids) do
@@ -90,6 +93,7 @@ for q = 7, #ARGV, 5 do
       if started then
         set_state(id, jobkey, 'running')
         redis.call('hset', jobkey, 'started_at', ARGV[3])
+        show_current(ARGV[2], id)
       end
       redis.call('sadd', KEYS[2], id)
       redis.call('zadd', LEASES, lease_until, id)

@@ -1,5 +1,6 @@
--- start.lua: a scheduled job's process is about to start: mark it running. For a part of a gang job,
--- the gang job is running once all its parts are; the part on node 0 says where rank 0 listens.
+-- start.lua: a scheduled job's process is about to start: mark it running, and RQ's view of its
+-- worker names it as the current job. For a part of a gang job, the gang job is running once all its
+-- parts are; the part on node 0 says where rank 0 listens.
 -- KEYS[1] the job's hash
 -- ARGV[1] job id   ARGV[2] worker (RQ name)   ARGV[3] attempt   ARGV[4] now (RQ timestamp)
 -- ARGV[5] for node 0 of a gang job, rank 0's address as "host:port"; else ''
@@ -13,6 +14,7 @@ end
 set_state(ARGV[1], KEYS[1], 'running')
 redis.call('hset', KEYS[1], 'started_at', ARGV[4])
 local parent = redis.call('hget', KEYS[1], 'gl_parent')
+show_current(ARGV[2], parent or ARGV[1])
 if parent then
   local jobkey = key(K.job, parent)
   if ARGV[5] ~= '' then
