@@ -28,6 +28,11 @@ def readme_commands() -> tuple[str, str]:
 def test_ci_runs_the_readmes_test_command() -> None:
     _, test = readme_commands()
     assert test in (ROOT / ".ci" / "run").read_text().splitlines()
+    # PyTorch (a CPU build) alone first, so the torch extra does not pull the multi-GB CUDA build.
+    steps = test.split(" && ")
+    assert steps.index(".venv/bin/pip install torch==2.13.0") < steps.index(
+        ".venv/bin/pip install -e '.[dev,torch]'"
+    )
 
 
 @pytest.mark.slow
