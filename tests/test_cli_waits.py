@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
 from click.testing import Result
 
 from gpulayer import Client, JobState
@@ -84,6 +85,29 @@ def test_submit_wait_says_why_a_job_is_still_queued_and_ctrl_c_leaves_it_queued(
     assert "Aborted" not in rest
     assert "Traceback" not in rest
     assert client.get(job_id).status().state is JobState.QUEUED
+
+
+def test_ctrl_c_in_wait_stops_the_waiting_and_the_job_stays_queued(
+    env: dict[str, str], client: Client, raw_redis: redis.Redis
+) -> None:
+    job = client.submit(["true"])  # no worker: it stays queued
+    before = {entry["id"] for entry in raw_redis.client_list()}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpulayer", "wait", job.id],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Inside the wait: its connection blocks on the job's done stream.
+    wait_for(
+        lambda: any(
+            entry["id"] not in before and entry.get("cmd") == "xread" for entry in raw_redis.client_list()
+        ),
+        what="the wait to block",
+    )
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=WAIT)
+    assert process.returncode == 130
+    assert err.strip().splitlines()[-1].startswith(f"gpulayer: stopped waiting; job {job.id} goes on")
+    assert job.status().state is JobState.QUEUED
 
 
 def test_ctrl_c_in_logs_follow_stops_following_and_the_job_goes_on(
