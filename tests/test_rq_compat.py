@@ -4,11 +4,13 @@ and why a job failed, read the way rq-dashboard and ``rq`` read them."""
 from __future__ import annotations
 
 import base64
+import sys
 import zlib
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+import cloudpickle
 import pytest
 import redis
 from rq.job import Job as RQJob
@@ -16,12 +18,15 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.results import Result
 from rq.worker import Worker as RQWorker
 
+import gpulayer as gl
 from gpulayer import Client, JobState, Settings
 from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
 from gpulayer.store.keys import Keys
 from gpulayer.store.scripts import prelude
 from tests.conftest import Workers, wait_for
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def as_role(installation: Installation, role: AccessRole) -> redis.Redis:
@@ -99,6 +104,31 @@ def test_a_requeue_through_rq_of_a_job_whose_files_are_gone_is_refused_in_both_v
     assert latest.type is Result.Type.FAILED
     assert (latest.exc_string or "").endswith(refusal)
     assert not raw_redis.lrange(client.keys.queue(client.keys.queue_name()), 0, -1)
+
+
+def always_fails() -> None:
+    raise ValueError("no")
+
+
+def test_a_requeue_through_rq_of_a_function_call_is_refused_in_both_views(
+    client: Client, workers: Workers, raw_redis: redis.Redis, installation: Installation, tmp_path: Path
+) -> None:
+    """A call's arguments are deleted with its job's files when it ends: it cannot run again."""
+    workers.start()
+    (tmp_path / "project").mkdir()
+    handle = gl.remote(always_fails, client=client, source=tmp_path / "project", retries=0).remote()
+    with pytest.raises(ValueError, match="no"):
+        handle.result(timeout=30)
+    job = client.get(handle.id)
+
+    RQJob.fetch(job.id, connection=as_role(installation, "submitter")).requeue()
+    wait_for(lambda: rq_status(raw_redis, job.id) == "failed", what="the refusal")
+
+    record = job.status()
+    assert (record.state, record.attempt) == (JobState.FAILED, 1)
+    refusal = "requeue through RQ refused: its files were deleted when it ended; submit it again"
+    assert (1, "system", refusal) in [(line.attempt, line.stream, line.text) for line in job.logs()]
+    assert job.id in FailedJobRegistry(client.keys.queue_name(), connection=raw_redis)
 
 
 def test_a_failed_gang_job_requeued_through_rq_runs_again_on_a_new_gang(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import gpulayer as gl
 from gpulayer import ConfigError, Settings
 
 
@@ -117,6 +118,9 @@ def test_a_redis_url_redis_cannot_use_is_refused_in_one_line_without_its_passwor
         Settings.from_env({}, redis_url=url)
     assert "s3cret" not in str(from_env.value)
     assert "\n" not in str(from_env.value)
+    # The SDK's Client(url) does not go through Settings; the connection checks it the same way.
+    with pytest.raises(ConfigError, match=f"^not a Redis URL: {message}"):
+        gl.Client(url)
 
 
 @pytest.mark.parametrize(

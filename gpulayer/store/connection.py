@@ -9,10 +9,8 @@ from redis import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..errors import ConfigError
-from ..network import redact
+from ..settings import check_redis_url
 
-_SCHEMES = ("redis", "rediss", "unix")
 #: Longest single block on Redis (ms) while waiting for a job or its logs; waits loop, so a
 #: dropped connection is noticed within this time. Stays well under the socket timeout.
 BLOCK_MS = 5000
@@ -29,9 +27,8 @@ def connect(
     installation's own, which signs nothing but its Redis's certificate, so the name in the
     certificate is not checked: a machine behind NAT reaches Redis by an address the certificate
     cannot know). Without it, the system's CAs and the host name are checked, as for any TLS server."""
+    check_redis_url(url)  # whoever gave it (an access, the SDK's Client(url)), one line, not redis-py's
     scheme = urlsplit(url).scheme
-    if scheme not in _SCHEMES:
-        raise ConfigError(f"not a Redis URL: {redact(url)} (expected redis://host:port/db)")
     options: dict[str, Any] = {"socket_connect_timeout": min(5.0, socket_timeout or 5.0)}
     if scheme == "rediss":
         options["ssl_cert_reqs"] = "required"
