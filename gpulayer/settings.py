@@ -23,7 +23,6 @@ from .units import parse_duration, parse_size
 
 _PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
-#: The password of a URL: what follows ``user:`` up to the last ``@`` before the path.
 
 MiB = 1024 * 1024
 Bound = Literal["positive", "not negative"]

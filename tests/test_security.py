@@ -34,7 +34,7 @@ from gpulayer.network import free_port
 from gpulayer.server import redis_version, start_redis, wait_ready
 from gpulayer.store.artifacts import SOURCE_ARCHIVE, RedisArtifactStore
 from gpulayer.store.keys import Keys
-from tests.conftest import WAIT, Workers, start_hub
+from tests.conftest import WAIT, Workers, gpulayer, start_hub
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -202,20 +202,15 @@ def test_access_init_writes_an_acl_file_a_redis_starts_with(tmp_path: Path, env:
     aclfile, port = tmp_path / "users.acl", free_port()
     url = f"redis://127.0.0.1:{port}/0"
     initing = {**env, "GPULAYER_HOME": str(tmp_path / "home")}
-    command = [sys.executable, "-m", "gpulayer", "access", "init", "--redis-url", url]
-    subprocess.run([*command, "--aclfile", str(aclfile)], env=initing, check=True, capture_output=True)
+    init = ("access", "init", "--redis-url", url)
+    made = gpulayer(initing, *init, "--aclfile", str(aclfile))
+    assert made.returncode == 0, made.stderr
     text = aclfile.read_text()
     assert text.startswith("user default off ")
     assert text.count("\nuser gpulayer-") == 5
     passwords = json.loads((tmp_path / "home" / "installation.json").read_text())["passwords"]
     assert not any(password in text for password in passwords.values())
-    both = subprocess.run(
-        [*command, "--apply", "--aclfile", str(aclfile)],
-        env=initing,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    both = gpulayer(initing, *init, "--apply", "--aclfile", str(aclfile))
     assert both.returncode == 2
     assert "give --apply or --aclfile, not both" in both.stderr
     process = start_redis(tmp_path / "redis", port, acl=text, durable=False)

@@ -116,7 +116,7 @@ def up(
         state.worker_name = name or state.worker_name or socket.gethostname()
         state.run_as, state.slots = run_as or state.run_as, slots or state.slots
         state.gpus = gpus or state.gpus
-        state.worker_pid = _start_worker(home, installation, state)
+        state.worker_pid = _start_worker(home, installation, state.worker_name, state)
         local.save(home, state)
     if not local.alive(state.web_pid):
         state.web_port = web_port or (WEB_PORT if _port_free(WEB_PORT) else free_port())
@@ -260,10 +260,9 @@ def _child_env(home: Path) -> dict[str, str]:
     return env
 
 
-def _start_worker(home: Path, installation: Installation, state: local.LocalState) -> int:
-    """The local worker ``state`` describes, as the worker role (its access is in the home; nothing
-    secret on its command line or in its environment)."""
-    name = state.worker_name or socket.gethostname()
+def _start_worker(home: Path, installation: Installation, name: str, state: local.LocalState) -> int:
+    """The local worker ``name``, offering what ``state`` says, as the worker role (its access is in
+    the home; nothing secret on its command line or in its environment)."""
     command = [sys.executable, "-m", "gpulayer", "worker", "start", "--name", name]
     if state.slots:
         command += ["--slots", str(state.slots)]

@@ -98,10 +98,7 @@ class LogStore:
 
     def tail(self, job_id: str, count: int) -> list[tuple[str, LogLine]]:
         """The last ``count`` stored lines, oldest first, each with its entry id."""
-        raw = cast(
-            list[tuple[bytes, dict[bytes, bytes]]],
-            self._redis.xrevrange(self._keys.logs(job_id), "+", "-", count=count),
-        )
+        raw = cast(_Entries, self._redis.xrevrange(self._keys.logs(job_id), "+", "-", count=count))
         return [parse_entry(entry_id, fields) for entry_id, fields in reversed(raw)]
 
 
