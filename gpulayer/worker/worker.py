@@ -106,15 +106,13 @@ class Worker(BaseWorker):
         offer: Offer,
         workdir: Path | None = None,
         run_as: RunAs | None = None,
-        lease_ttl: float = Settings.lease_ttl,
-        heartbeat: float = Settings.heartbeat,
         advertise_addr: str | None = None,
     ) -> None:
         self._stores = stores = Stores.open(connection, settings)
         self.keys = stores.keys
         self._verifier = keyring.checker()
         self._verified = Verified()
-        self.lease_ttl, self.heartbeat_interval = _timing(lease_ttl, heartbeat)
+        self.lease_ttl, self.heartbeat_interval = _timing(settings.lease_ttl, settings.heartbeat)
         self.settings = settings
         self.display_name = name
         self.offer = offer
@@ -136,7 +134,7 @@ class Worker(BaseWorker):
         self._submitted = False
         self.store = stores.execution(name)
         self._placer = GangPlacer(
-            stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(lease_ttl * 1000)
+            stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(self.lease_ttl * 1000)
         )
         #: Gang jobs waiting for workers, as last seen; set to place them at the next turn of the loop.
         self._gangs = 0
