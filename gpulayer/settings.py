@@ -129,6 +129,13 @@ class Settings:
             value = getattr(self, field.name)
             if value is None:
                 continue
+            if isinstance(value, (str, os.PathLike)):
+                # Read as its variable would be: Settings(home="~/gl") or lease_ttl="30s" from code.
+                try:
+                    value = field.metadata["parse"](os.fspath(value))
+                except ValueError as exc:
+                    raise ConfigError(f"{field.name}: {exc}") from None
+                object.__setattr__(self, field.name, value)
             if field.metadata["check"]:
                 field.metadata["check"](value)
             bound = field.metadata["bound"]

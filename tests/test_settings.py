@@ -133,3 +133,15 @@ def test_the_redis_urls_redis_takes_are_kept(url: str) -> None:
 def test_settings_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Settings().prefix = "other"  # type: ignore[misc]
+
+
+def test_a_text_given_in_code_is_read_as_its_variable_would_be(tmp_path: Path) -> None:
+    settings = Settings(home=str(tmp_path / "gl"), lease_ttl="30s", max_job_bytes="1MiB")  # type: ignore[arg-type]
+    assert settings.home == tmp_path / "gl"
+    assert (settings.lease_ttl, settings.max_job_bytes) == (30.0, 1024 * 1024)
+    assert Settings(home="~/gl").home == Path("~/gl").expanduser()  # type: ignore[arg-type]
+
+
+def test_a_text_that_cannot_be_read_raises_config_error_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match="lease_ttl"):
+        Settings(lease_ttl="soon")  # type: ignore[arg-type]
