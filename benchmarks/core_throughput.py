@@ -99,34 +99,37 @@ def gpulayer_end_to_end(url: str, home: Path, jobs: int) -> dict[str, float]:
     while len(client.workers()) < 2:
         time.sleep(0.01)
     meters = [psutil.Process(worker.pid) for worker in workers]
-    redis_server = next(p for p in psutil.Process().children() if p.name().startswith("redis-server"))
-    before = _cpu(meters, redis_server)
+    before = _cpu(meters)
     started = time.perf_counter()
     handles = [client.submit(["true"]) for _ in range(jobs)]
     submitted = time.perf_counter()
     assert all(handle.wait(120).state is JobState.SUCCEEDED for handle in handles)
     ended = time.perf_counter()
-    spent = {part: (after - before[part]) / jobs * 1000 for part, after in _cpu(meters, redis_server).items()}
+    spent = _spent(before, _cpu(meters), jobs)
     for worker in workers:
         stop(worker)
     client.close()
-    return {
-        "submit_ms": (submitted - started) / jobs * 1000,
-        "jobs_per_s": jobs / (ended - started),
-        **{f"cpu_ms_{part}": value for part, value in spent.items()},
-    }
+    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started), **spent}
 
 
-def _cpu(workers: list[psutil.Process], redis_server: psutil.Process) -> dict[str, float]:
-    """CPU seconds so far: the workers', their jobs' (reaped children), Redis's, this process's."""
+def _cpu(workers: list[psutil.Process]) -> dict[str, float]:
+    """CPU seconds so far: the workers', their jobs' (reaped children), Redis's, this process's, and
+    the whole machine's busy time (kernel threads too), shared out over its cores."""
     times = [worker.cpu_times() for worker in workers]
     me = resource.getrusage(resource.RUSAGE_SELF)
+    redis_server = next(p for p in psutil.Process().children() if p.name().startswith("redis-server"))
+    machine = psutil.cpu_times()
     return {
         "worker": sum(t.user + t.system for t in times),
         "jobs": sum(t.children_user + t.children_system for t in times),
         "redis": sum(redis_server.cpu_times()[:2]),
         "client": me.ru_utime + me.ru_stime,
+        "machine": machine.user + machine.nice + machine.system + machine.irq + machine.softirq,
     }
+
+
+def _spent(before: dict[str, float], after: dict[str, float], jobs: int) -> dict[str, float]:
+    return {f"cpu_ms_{part}": (after[part] - before[part]) / jobs * 1000 for part in before}
 
 
 def rq_end_to_end(url: str, jobs: int) -> dict[str, float]:
@@ -157,13 +160,18 @@ def dramatiq_end_to_end(url: str, jobs: int) -> dict[str, float] | None:
     if tasks is None:
         return None
     workers = dramatiq_workers(url)
+    # The processes that run the actors: the ones Dramatiq's command started.
+    started_by = psutil.Process(workers.pid).children(recursive=True)
+    meters = [process for process in started_by if process.name().startswith("python")]
+    before = _cpu(meters)
     started = time.perf_counter()
     messages = [tasks.run_command.send("true") for _ in range(jobs)]
     submitted = time.perf_counter()
     assert all(message.get_result(block=True, timeout=120_000) == 0 for message in messages)
     ended = time.perf_counter()
+    spent = _spent(before, _cpu(meters), jobs)
     stop(workers)
-    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
+    return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started), **spent}
 
 
 def submit_costs(url: str, home: Path, jobs: int) -> dict[str, float]:
@@ -265,12 +273,12 @@ def print_end_to_end(end_to_end: dict[str, dict[str, float] | None], jobs: int) 
         if run is not None:
             ratio = f"{run['jobs_per_s'] / peer['jobs_per_s']:10.2f}x" if peer else ""
             print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} {ratio}")
-    ours = end_to_end["gpulayer"]
-    assert ours is not None
-    parts = ("worker", "jobs", "redis", "client")
-    print(
-        "GPUlayer's CPU per job (ms): " + ", ".join(f"{part} {ours[f'cpu_ms_{part}']:.2f}" for part in parts)
-    )
+    parts = ("worker", "jobs", "redis", "client", "machine")
+    print(f"\n{'CPU per job (ms)':34} " + "".join(f"{part:>9}" for part in parts))
+    for name, run in end_to_end.items():
+        if run is not None and "cpu_ms_worker" in run:
+            print(f"{name:34} " + "".join(f"{run['cpu_ms_' + part]:9.2f}" for part in parts))
+    print("(workers: their processes; jobs: the `true` processes they reaped; machine: all cores' busy time)")
 
 
 def print_submits(submits: dict[str, float]) -> None:
