@@ -132,6 +132,9 @@ class Worker(BaseWorker):
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
         self._submitted = False
+        #: The last claim took fewer jobs than it asked for: claiming again finds nothing until a
+        #: submit, a placed part or a poll's interval says otherwise.
+        self._drained = False
         self.store = stores.execution(name)
         self._placer = GangPlacer(
             stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(self.lease_ttl * 1000)
@@ -400,11 +403,15 @@ class Worker(BaseWorker):
             self._wake.clear()
             with self._lock:
                 return "again" if len(self._runners) < self.capacity else "full"
+        if self._drained and not (self._submitted or self._parts):
+            self._wake.clear()  # a freed slot: what it freed was offered to that slot's own claim
+            return "nothing"
         if self._submitted and busy and free > 0:
             self._spread(busy)
         self._submitted = self._parts = False
         self._wake.clear()
-        self._took(self.store.claim(self._claim_request(max(free, 0))))
+        wanted = max(free, 0)
+        self._took(self.store.claim(self._claim_request(wanted)), wanted)
         if self._claimed:
             return "took"
         return "nothing" if free > 0 else "full"
@@ -427,6 +434,8 @@ class Worker(BaseWorker):
     def _idle(self) -> None:
         """Sleep until woken (a submit, a freed slot, a placed part) or a poll's interval passes."""
         woken = self._wake.wait(POLL_INTERVAL)
+        if not woken:
+            self._drained = False  # a wake-up may have been lost: look again
         if not woken and not self._runners and self.get_state() != WorkerStatus.IDLE:
             # Said after a quiet poll, not between two jobs, where it would cost a write each.
             self.set_state(WorkerStatus.IDLE)
@@ -447,10 +456,11 @@ class Worker(BaseWorker):
         once the worker is stopping."""
         return None if self._stopping else self._claim_request(1)
 
-    def _took(self, claimed: Claimed, *, wake: bool = True) -> None:
-        """Jobs a claim took, to be started in turn: by the main loop, which ``wake`` wakes; a runner's
-        claim for its own slot is started by that slot's thread as soon as its job is over."""
+    def _took(self, claimed: Claimed, wanted: int, *, wake: bool = True) -> None:
+        """Jobs a claim for ``wanted`` took, to be started in turn: by the main loop, which ``wake``
+        wakes; a runner's claim for its own slot is started by that slot's thread once its job is over."""
         claims, self._gangs = claimed
+        self._drained = len(claims) < wanted
         if claims and os.environ.get(FAULT_VARIABLE) == "exit-after-claim":
             os._exit(9)
         if claims:
@@ -460,7 +470,7 @@ class Worker(BaseWorker):
                 self._wake.set()
 
     def _took_for_slot(self, claimed: Claimed) -> None:
-        self._took(claimed, wake=False)
+        self._took(claimed, 1, wake=False)
 
     def execute_job(self, job: Claim, queue: Queue) -> None:  # type: ignore[override]
         """Start the job in a free slot and return at once."""
