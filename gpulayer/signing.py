@@ -21,9 +21,8 @@ import json
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+import nacl.exceptions
+import nacl.signing
 
 from .errors import ConfigError, UntrustedPayload
 
@@ -62,9 +61,9 @@ def _encode(raw: bytes) -> str:
 class VerifyKey:
     """The public half: checks signatures, cannot make them."""
 
-    def __init__(self, public: Ed25519PublicKey) -> None:
+    def __init__(self, public: nacl.signing.VerifyKey) -> None:
         self._public = public
-        raw = public.public_bytes(Encoding.Raw, PublicFormat.Raw)
+        raw = bytes(public)
         self.text = _encode(raw)
         #: Short name of the key, kept beside each signature so a job signed by another installation
         #: (or a rotated key) is told apart from a forged one.
@@ -72,38 +71,38 @@ class VerifyKey:
 
     @classmethod
     def from_text(cls, text: str, what: str = "a public key") -> VerifyKey:
-        return cls(Ed25519PublicKey.from_public_bytes(_decode(text, what)))
+        return cls(nacl.signing.VerifyKey(_decode(text, what)))
 
     def verify(self, signature: bytes, purpose: str, *parts: Part) -> None:
         """Nothing if ``signature`` is this key's over ``purpose`` and ``parts``; else
         :class:`UntrustedPayload`."""
         try:
-            self._public.verify(signature, _message(purpose, parts))
-        except InvalidSignature:
+            self._public.verify(_message(purpose, parts), signature)
+        except nacl.exceptions.BadSignatureError:
             raise UntrustedPayload(f"the {purpose}'s signature does not match it") from None
 
 
 class SigningKey:
     """The private half: makes signatures its :attr:`public` half checks."""
 
-    def __init__(self, private: Ed25519PrivateKey) -> None:
+    def __init__(self, private: nacl.signing.SigningKey) -> None:
         self._private = private
-        self.public = VerifyKey(private.public_key())
+        self.public = VerifyKey(private.verify_key)
 
     @classmethod
     def generate(cls) -> SigningKey:
-        return cls(Ed25519PrivateKey.generate())
+        return cls(nacl.signing.SigningKey.generate())
 
     @classmethod
     def from_text(cls, text: str, what: str = "a private key") -> SigningKey:
-        return cls(Ed25519PrivateKey.from_private_bytes(_decode(text, what)))
+        return cls(nacl.signing.SigningKey(_decode(text, what)))
 
     @property
     def text(self) -> str:
-        return _encode(self._private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()))
+        return _encode(bytes(self._private))
 
     def sign(self, purpose: str, *parts: Part) -> bytes:
-        return self._private.sign(_message(purpose, parts))
+        return self._private.sign(_message(purpose, parts)).signature
 
 
 @dataclasses.dataclass(frozen=True)
