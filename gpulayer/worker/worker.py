@@ -132,9 +132,7 @@ class Worker(BaseWorker):
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
         self._submitted = False
-        #: The last claim took fewer jobs than it asked for: claiming again finds nothing until a
-        #: submit, a placed part or a poll's interval says otherwise.
-        self._drained = False
+        self._drained = False  # the last claim took fewer jobs than it asked for: see _try_claim
         self.store = stores.execution(name)
         self._placer = GangPlacer(
             stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(self.lease_ttl * 1000)
@@ -404,7 +402,9 @@ class Worker(BaseWorker):
             with self._lock:
                 return "again" if len(self._runners) < self.capacity else "full"
         if self._drained and not (self._submitted or self._parts):
-            self._wake.clear()  # a freed slot: what it freed was offered to that slot's own claim
+            # The last claim came back short: nothing more until a submit, a placed part or a quiet
+            # poll says so. A freed slot's resources were offered to that slot's own claim already.
+            self._wake.clear()
             return "nothing"
         if self._submitted and busy and free > 0:
             self._spread(busy)
