@@ -117,6 +117,28 @@ def test_a_missing_command_fails_the_job_and_the_worker_goes_on(client: Client, 
     assert process.poll() is None
 
 
+def test_a_program_is_found_on_the_jobs_own_path_and_again_once_it_moved(
+    client: Client, workers: Workers, tmp_path: Path
+) -> None:
+    """The worker remembers where a program was on a PATH (sparing the child a failed execve per
+    folder before it); one that moved since is found where it is now."""
+    workers.start(slots=1)
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder in (first, second):
+        folder.mkdir()
+    tool = first / "mytool"
+    tool.write_text("#!/bin/sh\necho from first\n")
+    tool.chmod(0o755)
+    path = f"{first}:{second}:/usr/bin:/bin"
+    job = client.submit(["mytool"], env={"PATH": path})
+    assert job.wait(30).state is JobState.SUCCEEDED
+    assert [line.text for line in job.logs()] == ["from first"]
+    tool.rename(second / "mytool")
+    moved = client.submit(["mytool"], env={"PATH": path})
+    assert moved.wait(30).state is JobState.SUCCEEDED
+    assert [line.text for line in moved.logs()] == ["from first"]  # the same file, now in second/
+
+
 def test_a_job_past_its_timeout_is_stopped_and_ends_timed_out(client: Client, workers: Workers) -> None:
     workers.start()
     job = client.submit(["sleep", "60"], timeout=0.5)
