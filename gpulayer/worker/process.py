@@ -81,14 +81,13 @@ class Programs:
     def find(self, program: str, path: str) -> str | None:
         """Where ``program`` is on ``path``; None if it is not there, is named with a folder, or the
         PATH has a relative folder (the child reads that from the job's folder, not the worker's)."""
-        if os.sep in program or not all(os.path.isabs(folder) for folder in path.split(os.pathsep)):
-            return None
         now = time.monotonic()
         with self._lock:
             where, at = self._found.get((program, path), (None, -self.FOUND_FOR))
         if now - at < self.FOUND_FOR:
             return where
-        where = shutil.which(program, path=path)
+        searchable = os.sep not in program and all(os.path.isabs(folder) for folder in path.split(os.pathsep))
+        where = shutil.which(program, path=path) if searchable else None
         with self._lock:
             if len(self._found) >= 256:
                 self._found.clear()
