@@ -114,7 +114,7 @@ def gpulayer_end_to_end(url: str, home: Path, jobs: int) -> dict[str, float]:
 
 def _cpu(workers: list[psutil.Process]) -> dict[str, float]:
     """CPU seconds so far: the workers', their jobs' (reaped children), Redis's, this process's, and
-    the whole machine's busy time (kernel threads too), shared out over its cores."""
+    the whole machine's busy time (every core's together, kernel threads too)."""
     times = [worker.cpu_times() for worker in workers]
     me = resource.getrusage(resource.RUSAGE_SELF)
     redis_server = next(p for p in psutil.Process().children() if p.name().startswith("redis-server"))
