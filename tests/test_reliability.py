@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import signal
@@ -16,6 +17,8 @@ import redis
 from gpulayer import Client, JobState
 from gpulayer.models import build_spec
 from gpulayer.store.artifacts import INPUTS_ARCHIVE
+from gpulayer.store.execution import ClaimRequest, ExecutionStore, QueueOffer
+from gpulayer.store.scripts import Scripts
 from tests.conftest import Workers, kill_machine, wait_for
 
 #: Short leases, so a lost worker shows within seconds.
@@ -271,6 +274,32 @@ def test_workers_and_clients_carry_on_after_redis_forgets_its_scripts(
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
     raw_redis.script_flush()
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+
+
+def test_a_job_claimed_beside_a_script_redis_lost_is_handed_over_not_dropped(
+    client: Client, raw_redis: redis.Redis
+) -> None:
+    """A job's end and the next claim go in one round trip. Redis that has the claim script but lost
+    finish.lua (flushed, or never given it: a fresh Redis) runs the claim and refuses the finish;
+    only the finish goes again, and the job the claim took comes back to the worker. (The whole
+    round trip used to go again: the second claim found the queue empty, and the job the first one
+    took waited out its lease, 15 s, with its first attempt "lost".)"""
+    first, second = client.submit(["true"]), client.submit(["true"])
+    scripts = Scripts(client.redis, client.keys, client.settings)
+    store = ExecutionStore(client.redis, client.keys, scripts, "w1")
+    queue = client.keys.queue_for(first.status().spec.queue)
+    request = ClaimRequest([QueueOffer(queue, 0, 1, 0)], 1, 2, 2**30, 60_000)
+    [claim], _ = store.claim(request)
+    raw_redis.script_flush()
+    store.claim(dataclasses.replace(request, limit=0))  # Redis knows the claim script again, not finish.lua
+    ended, claimed = store.finish(
+        claim, JobState.SUCCEEDED, exit_code=0, reason=None, outputs=None, seconds=0.0, then=request
+    )
+    assert (claim.job_id, ended) == (first.id, "ended")
+    assert claimed is not None
+    assert [taken.job_id for taken in claimed[0]] == [second.id]
+    assert first.status().state is JobState.SUCCEEDED
+    assert [attempt.outcome for attempt in first.status().attempts] == ["succeeded"]
 
 
 def test_a_retry_finds_the_checkpoint_folder_the_lost_attempt_kept_on_another_worker(

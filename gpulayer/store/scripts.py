@@ -100,19 +100,31 @@ class Scripts:
 
     def pipeline(self, build: Callable[[Pipeline], object]) -> list[Any]:
         """Send what ``build`` queues in one round trip and return the replies. Scripts go by SHA
-        alone, without the SCRIPT EXISTS round trip redis-py's pipelines make first; if Redis lost
-        them (a restart, SCRIPT FLUSH), they are loaded and everything is sent again, so ``build``
-        must queue only what may run twice."""
-        for attempt in range(2):
-            pipe = self._redis.pipeline(transaction=False)
-            build(pipe)
-            replies: list[Any] = pipe.execute(raise_on_error=False)
-            if attempt == 0 and any(isinstance(reply, NoScriptError) for reply in replies):
-                for script in self._scripts.values():
-                    self._redis.script_load(script.script)
-                continue
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-            return replies
-        raise AssertionError("unreachable: the second attempt returns or raises")
+        alone, without the SCRIPT EXISTS round trip redis-py's pipelines make first. If Redis lost
+        some (a restart, SCRIPT FLUSH, a Redis that never ran them), they are loaded and only the
+        calls Redis refused are sent again: the others already ran, and running one twice would
+        undo what its first run did (a job's end and the next claim in one round trip: the claim's
+        job would be taken and then dropped, to wait for its lease)."""
+        pipe = self._redis.pipeline(transaction=False)
+        build(pipe)
+        # redis-py's queue of the pipeline's commands, as sent: execute() empties it.
+        commands = [args for args, _options in pipe.command_stack]
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        refused = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if refused:
+            self._load()
+            again = self._redis.pipeline(transaction=False)
+            for index in refused:
+                again.execute_command(*commands[index])  # type: ignore[no-untyped-call]
+            for index, reply in zip(refused, again.execute(raise_on_error=False), strict=True):
+                replies[index] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _load(self) -> None:
+        with self._redis.pipeline(transaction=False) as pipe:
+            for script in self._scripts.values():
+                pipe.script_load(script.script)
+            pipe.execute()
