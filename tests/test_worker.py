@@ -150,6 +150,23 @@ def test_burst_mode_exits_when_the_queue_is_empty(client: Client, workers: Worke
     assert {job.status().state for job in jobs} == {JobState.SUCCEEDED}
 
 
+def test_a_burst_worker_that_found_its_queue_empty_takes_nothing_as_its_last_job_ends(
+    client: Client, workers: Workers
+) -> None:
+    """The queue was empty, so the burst worker stops once its job ends; a job submitted meanwhile
+    stays queued for another worker. (The ending job's claim used to take it, after the worker had
+    given back what it held: it sat claimed by a gone worker until its lease ran out.)"""
+    running = client.submit(["sleep", "1"])
+    process = workers.start("w1", 2, "--burst", wait=False)
+    wait_for(lambda: running.status().state is JobState.RUNNING, what="the first job to start")
+    time.sleep(0.3)  # its claim of a second job has come back empty: the worker is stopping
+    later = client.submit(["true"])
+    assert process.wait(30) == 0
+    assert running.status().state is JobState.SUCCEEDED
+    record = later.status()
+    assert (record.state, record.attempts) == (JobState.QUEUED, [])
+
+
 def test_a_job_record_that_fails_validation_fails_the_job_not_the_worker(
     client: Client, workers: Workers, raw_redis: redis.Redis
 ) -> None:

@@ -607,15 +607,24 @@ class Worker(BaseWorker):
         self._stop_all("requeue")
         self._wake.set()
 
-    def teardown(self) -> None:
-        if self._claimed:
+    def _give_back_claimed(self) -> None:
+        """Jobs claimed and not started go back to their queues."""
+        with self._lock:
+            unstarted = [claim.job_id for claim in self._claimed]
+            self._claimed.clear()
+        if unstarted:
             self.store.requeue(
                 "returned",
                 f"worker {self.display_name} stopped before starting the job; it goes back to its queue",
-                [claim.job_id for claim in self._claimed],
+                unstarted,
             )
-            self._claimed.clear()
+
+    def teardown(self) -> None:
+        # Also the end of a burst: a job ending from now on claims no next one.
+        self._stop_requested = True
+        self._give_back_claimed()
         self._pool.shutdown(wait=True)
+        self._give_back_claimed()  # what a job's end claimed before it saw the stop
         self._context.supervisor.close()
         if self._context.functions is not None:
             self._context.functions.executors.close()
