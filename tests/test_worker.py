@@ -14,6 +14,8 @@ from rq.command import send_stop_job_command
 from rq.job import Job as RQJob
 
 from gpulayer import Client, JobState
+from gpulayer.store.keys import Keys
+from gpulayer.store.scripts import Scripts
 from gpulayer.worker.worker import POLL_INTERVAL
 from tests.conftest import Workers, wait_for
 
@@ -187,3 +189,26 @@ def test_a_restart_removes_job_folders_left_behind_and_nothing_else(workers: Wor
     (workdir / "notes.txt").write_text("mine")
     workers.start("w1", 1, "--workdir", str(workdir))
     assert sorted(path.name for path in workdir.iterdir()) == ["notes.txt"]
+
+
+def test_an_idle_worker_claims_at_most_twice_per_job_it_is_woken_for(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    """One claim on the submit's wake-up and one with the job's end; none after a claim that came back
+    short (it used to claim a third time, finding nothing, every job)."""
+    workers.start("lone", 2)
+    claim = Scripts(raw_redis, Keys(client.settings.prefix), client.settings)._scripts["claim"].sha
+    jobs = 10
+    kept = raw_redis.config_get("slowlog-*")  # the session's Redis: as it was, after
+    raw_redis.config_set("slowlog-log-slower-than", 0)  # every command is logged
+    raw_redis.config_set("slowlog-max-len", 10_000)
+    raw_redis.slowlog_reset()
+    try:
+        for _ in range(jobs):
+            assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+        calls = raw_redis.slowlog_get(10_000)
+    finally:
+        for name, value in kept.items():
+            raw_redis.config_set(name, value)
+    claims = [call for call in calls if call["command"].startswith(f"EVALSHA {claim}".encode())]
+    assert jobs <= len(claims) <= 2 * jobs + 2  # a quiet poll's claim or two besides

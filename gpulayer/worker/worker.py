@@ -132,6 +132,7 @@ class Worker(BaseWorker):
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
         self._submitted = False
+        self._drained = False  # the last claim took fewer jobs than it asked for: see _try_claim
         self.store = stores.execution(name)
         self._placer = GangPlacer(
             stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(self.lease_ttl * 1000)
@@ -174,7 +175,7 @@ class Worker(BaseWorker):
             self.lease_ttl,
             self._functions(settings, processes, keyring),
             self._next_claim,
-            self._took,
+            self._took_for_slot,
         )
 
     def _functions(
@@ -354,14 +355,12 @@ class Worker(BaseWorker):
         Returns None to end the loop: a stop, an empty queue in burst mode (``timeout`` None), or idleness."""
         idle_since = time.monotonic()
         backoff = 1.0
-        while not self._stop_requested and not (self._keeper and self._keeper.taken_over.is_set()):
+        while not self._stopping:
             try:
                 # RQ's own loop does this between jobs; an idle worker does it here.
                 if self.should_run_maintenance_tasks:
                     self.run_maintenance_tasks()
-                if self._claimed:
-                    with self._lock:
-                        claim = self._claimed.popleft()
+                if (claim := self._next_claimed()) is not None:
                     return claim, self.queue_class(claim.queue, connection=self.connection)
                 if time.monotonic() >= self._next_refresh:
                     self._refresh_queues()
@@ -400,11 +399,17 @@ class Worker(BaseWorker):
             self._wake.clear()
             with self._lock:
                 return "again" if len(self._runners) < self.capacity else "full"
+        if self._drained and not (self._submitted or self._parts):
+            # The last claim came back short: nothing more until a submit, a placed part or a quiet
+            # poll says so. A freed slot's resources were offered to that slot's own claim already.
+            self._wake.clear()
+            return "nothing"
         if self._submitted and busy and free > 0:
             self._spread(busy)
         self._submitted = self._parts = False
         self._wake.clear()
-        self._took(self.store.claim(self._claim_request(max(free, 0))))
+        wanted = max(free, 0)
+        self._took(self.store.claim(self._claim_request(wanted)), wanted)
         if self._claimed:
             return "took"
         return "nothing" if free > 0 else "full"
@@ -427,6 +432,8 @@ class Worker(BaseWorker):
     def _idle(self) -> None:
         """Sleep until woken (a submit, a freed slot, a placed part) or a poll's interval passes."""
         woken = self._wake.wait(POLL_INTERVAL)
+        if not woken:
+            self._drained = False  # a wake-up may have been lost: look again
         if not woken and not self._runners and self.get_state() != WorkerStatus.IDLE:
             # Said after a quiet poll, not between two jobs, where it would cost a write each.
             self.set_state(WorkerStatus.IDLE)
@@ -437,26 +444,41 @@ class Worker(BaseWorker):
             self._served.claim_order(), limit, offer.slots, offer.memory, int(self.lease_ttl * 1000)
         )
 
+    @property
+    def _stopping(self) -> bool:
+        """Asked to stop, or found that another process took over this worker's name."""
+        return self._stop_requested or bool(self._keeper and self._keeper.taken_over.is_set())
+
     def _next_claim(self) -> ClaimRequest | None:
         """What a runner claims as its job ends, in the same round trip: one job for its slot; none
         once the worker is stopping."""
-        if self._stop_requested or (self._keeper and self._keeper.taken_over.is_set()):
-            return None
-        return self._claim_request(1)
+        return None if self._stopping else self._claim_request(1)
 
-    def _took(self, claimed: Claimed) -> None:
-        """Jobs a claim took (the main loop's, or a runner's), to be started in turn."""
+    def _took(self, claimed: Claimed, wanted: int, *, wake: bool = True) -> None:
+        """Jobs a claim for ``wanted`` took, to be started in turn: by the main loop, which ``wake``
+        wakes; a runner's claim for its own slot is started by that slot's thread once its job is over."""
         claims, self._gangs = claimed
+        self._drained = len(claims) < wanted
         if claims and os.environ.get(FAULT_VARIABLE) == "exit-after-claim":
             os._exit(9)
         if claims:
             with self._lock:
                 self._claimed.extend(claims)
-            self._wake.set()
+            if wake:
+                self._wake.set()
+
+    def _took_for_slot(self, claimed: Claimed) -> None:
+        self._took(claimed, 1, wake=False)
 
     def execute_job(self, job: Claim, queue: Queue) -> None:  # type: ignore[override]
-        """Start the job in a free slot and return at once; a job that is not exactly what a submitter
-        signed fails, unread and unrun."""
+        """Start the job in a free slot and return at once."""
+        runner = self._runner(job)
+        if runner is not None:
+            self._pool.submit(self._run_in_slot, runner)
+
+    def _runner(self, job: Claim) -> JobRunner | None:
+        """The job's runner, counted among the running; None for a job that is not exactly what a
+        submitter signed, which fails, unread and unrun."""
         try:
             spec = _read_spec(job.spec_json)
             files = check_job(self._verifier, job.target, job.spec_json or b"", job.seal, self._verified)
@@ -467,7 +489,7 @@ class Worker(BaseWorker):
                 self.store.append_logs(job, [("system", reason, None)])
             self.store.finish(job, JobState.FAILED, exit_code=None, reason=reason, outputs=None, seconds=0.0)
             log.error("job %s: %s", job.job_id, reason)
-            return
+            return None
         folder = self.workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
         env = {**self._base_env, **self._gpu_env(job)}
         runner = JobRunner(job, spec, files, self._launch(job, spec), self._context, folder, env)
@@ -476,7 +498,7 @@ class Worker(BaseWorker):
         if self.get_state() != WorkerStatus.BUSY:
             self.set_state(WorkerStatus.BUSY)
         log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
-        self._pool.submit(self._run_in_slot, runner)
+        return runner
 
     def _launch(self, job: Claim, spec: JobSpec) -> Launch:
         if job.part is not None:
@@ -497,6 +519,34 @@ class Worker(BaseWorker):
         return {"CUDA_VISIBLE_DEVICES": ",".join(cuda), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def _run_in_slot(self, runner: JobRunner) -> None:
+        """Run the job, then the next one its end claimed, if any: a busy slot hands nothing to
+        another thread between two jobs."""
+        following: JobRunner | None = runner
+        try:
+            while following is not None:
+                self._run_one(following)
+                # What it held is free: a waiting gang job may fit now.
+                if self._gangs:
+                    self._place_now = True
+                    self._wake.set()
+                following = None
+                while following is None and (claim := self._next_claimed()) is not None:
+                    following = self._runner(claim)
+        except Exception:  # a job it could not refuse (Redis gone) is left to its lease
+            log.exception("worker %s: a slot failed between two jobs", self.display_name)
+        finally:
+            self._wake.set()  # the slot is free
+
+    def _next_claimed(self) -> Claim | None:
+        """A claimed job, not yet started, for the main loop or a slot that just freed (both take
+        from the same queue: checked and taken under one lock); none once the worker stops (the
+        claimed jobs then go back to their queues)."""
+        with self._lock:
+            if self._claimed and not self._stopping:
+                return self._claimed.popleft()
+        return None
+
+    def _run_one(self, runner: JobRunner) -> None:
         try:
             runner.run()
         except Exception as exc:
@@ -515,9 +565,6 @@ class Worker(BaseWorker):
         finally:
             with self._lock:
                 del self._runners[runner.job_id]
-            # What it held is free: a waiting gang job may fit now.
-            self._place_now = self._gangs > 0
-            self._wake.set()
 
     # --- commands and shutdown ---------------------------------------------------------------------
     def handle_payload(self, message: dict[Any, Any]) -> None:
