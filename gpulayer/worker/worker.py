@@ -683,7 +683,10 @@ def _alive(holder: Holder, host: str) -> bool:
     process started after the registration is another one), else by its heartbeats."""
     if holder.host == host:
         try:
-            started = psutil.Process(holder.pid).create_time()
+            process = psutil.Process(holder.pid)
+            started = process.create_time()
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False  # it ended; its parent (init, for a worker `up` started) has not reaped it yet
         except (psutil.Error, ValueError):
             return False
         return holder.pid != os.getpid() and (holder.birth is None or started <= holder.birth.timestamp() + 1)
