@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -105,6 +106,12 @@ class CheckpointKeeper:
             self._kept = signature
 
     def _signature(self) -> Signature:
+        try:
+            with os.scandir(self.folder) as entries:
+                if next(entries, None) is None:
+                    return ()  # the usual case of a job that keeps nothing, without a walk
+        except (FileNotFoundError, NotADirectoryError):
+            return ()  # the job removed it: nothing to keep, as a walk would find
         found = []
         for path in sorted(self.folder.rglob("*")):
             if path.is_file() and not path.is_symlink():

@@ -178,9 +178,9 @@ class JobRunner:
         attempt = str(self.claim.attempt)
         env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, ATTEMPT_VARIABLE: attempt}
         functions = self.context.functions
-        if functions is not None:
-            # An idle executor may hold GPU memory this job is about to need.
-            devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
+        # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
+        devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
+        if functions is not None and devices:
             functions.executors.evict(devices, executor_key(self.spec, self.base_env))
         call = None
         if self.spec.function is not None:

@@ -91,7 +91,8 @@ local function add(jobkey, field, by)
   return value
 end
 
--- Adds one observation (ms) to a histogram hash: a count in the first bucket it fits, 'sum' and 'count'.
+-- Adds one observation (ms) to a histogram hash: a count in the first bucket it fits, and 'sum' (the
+-- number of observations is the buckets' total: no field of its own).
 local function observe(hist, bounds, ms)
   local bucket = #bounds
   for i, bound in ipairs(bounds) do
@@ -102,7 +103,11 @@ local function observe(hist, bounds, ms)
   end
   redis.call('hincrby', hist, bucket, 1)
   redis.call('hincrby', hist, 'sum', ms)
-  redis.call('hincrby', hist, 'count', 1)
+end
+
+-- Tells the dashboard (EVENTS) that a job is now in ``state``.
+local function announce(id, state)
+  redis.call('publish', EVENTS, cjson.encode({type = 'job', id = id, state = state}))
 end
 
 -- Moves a job to a state: its gl_state, its RQ status, and the per-state index; for a job users know
@@ -137,7 +142,7 @@ local function set_state(id, jobkey, state)
   if FINAL[state] then
     redis.call('hincrby', ENDED_COUNTS, state, 1)
   end
-  redis.call('publish', EVENTS, cjson.encode({type = 'job', id = id, state = state}))
+  announce(id, state)
 end
 
 -- True while this worker's attempt still owns the job: the fencing check before any write of a worker.
@@ -327,8 +332,9 @@ end
 
 -- Ends a job in a terminal state: off its worker, RQ's registries and RQ's record of its result, the
 -- done stream waiters block on (and its batch's list of ended jobs), and retention (the submitter's,
--- kept in RQ's result_ttl field).
-local function end_job(id, jobkey, state, ended_at)
+-- kept in RQ's result_ttl field). ``fields``: more field, value pairs of the job's hash to set with its
+-- end (its exit code, reason, outputs), before RQ's record of its result is made from them.
+local function end_job(id, jobkey, state, ended_at, fields)
   local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch', 'gl_nodes')
   local retention = tonumber(v[2]) or RETENTION
   -- Only a key of the kind it should name: a garbled field must not set a TTL on any other key.
@@ -344,7 +350,7 @@ local function end_job(id, jobkey, state, ended_at)
   redis.call('zrem', DELAYED, id)
   redis.call('zrem', GANGS, id)
   set_state(id, jobkey, state)
-  redis.call('hset', jobkey, 'ended_at', ended_at)
+  redis.call('hset', jobkey, 'ended_at', ended_at, unpack(fields or {}))
   redis.call('zadd', key(K[RQ_STATUS[state]], v[1] or ''), math.floor(now_ms() / 1000) + retention, id)
   redis.call('xadd', key(K.done, id), '*', 'state', state)
   rq_result(id, jobkey, state)

@@ -86,13 +86,19 @@ for q = 7, #ARGV, 5 do
       redis.call('hincrby', KEYS[3], 'memory', ARGV[q + 3])
       table.sort(free_indices, function(a, b) return tonumber(a) < tonumber(b) end)
       local indices = table.concat(free_indices, ',')
-      set_state(id, jobkey, 'scheduled')
-      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'gl_gpus', indices,
-        'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3])
-      local started = redis.call('hget', jobkey, 'gl_starts_at_claim') == '1'
+      local stored = redis.call('hmget', jobkey, 'gl_starts_at_claim', 'gl_spec', 'gl_seal')
+      local started = stored[1] == '1'
+      -- A job with nothing to fetch goes from queued to running in one step, without the state
+      -- indexes' hop through scheduled, which it would hold for no time at all; the dashboard
+      -- still hears of both.
       if started then
-        set_state(id, jobkey, 'running')
-        redis.call('hset', jobkey, 'started_at', ARGV[3])
+        announce(id, 'scheduled')
+      end
+      set_state(id, jobkey, started and 'running' or 'scheduled')
+      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'gl_gpus', indices,
+        'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3],
+        'started_at', started and ARGV[3] or '')
+      if started then
         show_current(ARGV[2], id)
       end
       redis.call('sadd', KEYS[2], id)
@@ -100,12 +106,11 @@ for q = 7, #ARGV, 5 do
       redis.call('zadd', key(K.started, queue), '+inf', id .. ':' .. attempt)
       out[#out + 1] = id
       out[#out + 1] = attempt
-      local stored = redis.call('hmget', jobkey, 'gl_spec', 'gl_seal')
-      out[#out + 1] = stored[1]
+      out[#out + 1] = stored[2]
       out[#out + 1] = queue
       out[#out + 1] = indices
       out[#out + 1] = ''
-      out[#out + 1] = stored[2] or ''
+      out[#out + 1] = stored[3] or ''
       out[#out + 1] = started and '1' or ''
       out[#out + 1] = started and redis.call('hgetall', key(K.inputs, id)) or {}
       want = want - 1

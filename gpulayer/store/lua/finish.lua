@@ -39,11 +39,12 @@ if ARGV[4] == 'failed' and ARGV[5] ~= '' and ARGV[5] ~= '0' then
     return 2
   end
 end
-local optional = {gl_exit_code = ARGV[5], gl_reason = ARGV[6], gl_outputs = ARGV[8]}
-for field, value in pairs(optional) do
+local fields = {}
+for field, value in pairs({gl_exit_code = ARGV[5], gl_reason = ARGV[6], gl_outputs = ARGV[8]}) do
   if value ~= '' then
-    redis.call('hset', KEYS[1], field, value)
+    fields[#fields + 1] = field
+    fields[#fields + 1] = value
   end
 end
-end_job(ARGV[1], KEYS[1], ARGV[4], ARGV[7])
+end_job(ARGV[1], KEYS[1], ARGV[4], ARGV[7], fields)
 return 1
