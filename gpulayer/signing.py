@@ -18,6 +18,7 @@ import base64
 import dataclasses
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -184,21 +185,26 @@ def seal_jobs(key: SigningKey, jobs: Sequence[tuple[str, str | bytes, Mapping[st
 
 
 class Verified:
-    """Batch roots whose signature a worker has checked already, the latest :data:`_VERIFIED` of them."""
+    """Batch roots whose signature a worker has checked already, the latest :data:`_VERIFIED` of them.
+    Shared by the threads that start jobs (the main loop and each slot): a root found must not be
+    evicted before it is moved to the end."""
 
     def __init__(self) -> None:
         self._roots: OrderedDict[bytes, None] = OrderedDict()
+        self._lock = threading.Lock()
 
     def __contains__(self, root: object) -> bool:
-        if root in self._roots:
-            self._roots.move_to_end(root)  # type: ignore[arg-type]
-            return True
-        return False
+        with self._lock:
+            if root in self._roots:
+                self._roots.move_to_end(root)  # type: ignore[arg-type]
+                return True
+            return False
 
     def add(self, root: bytes) -> None:
-        self._roots[root] = None
-        if len(self._roots) > _VERIFIED:
-            self._roots.popitem(last=False)
+        with self._lock:
+            self._roots[root] = None
+            if len(self._roots) > _VERIFIED:
+                self._roots.popitem(last=False)
 
 
 def check_job(
