@@ -88,12 +88,13 @@ def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[
     return {"submit_ms": submit_ms, "jobs_per_s": jobs / (last - first).total_seconds()}
 
 
-def gpulayer_end_to_end(url: str, home: Path, jobs: int) -> dict[str, float]:
+def gpulayer_end_to_end(url: str, home: Path, jobs: int, background: bool = False) -> dict[str, float]:
     """What a user's script sees: two workers already running (default slots), ``jobs`` submits
-    in a loop, then a wait on each. With where the CPU went, per job: the workers, the jobs'
-    own processes (`true`: the spawn), Redis, and the client."""
+    in a loop, then a wait on each (``background``: by a client with background submits). With
+    where the CPU went, per job: the workers, the jobs' own processes (`true`: the spawn), Redis,
+    and the client."""
     flush(url)
-    client = Client(url, settings=Settings(home=home))
+    client = Client(url, settings=Settings(home=home), background_submits=background)
     env = {"GPULAYER_HOME": str(home)}
     workers = [spawn(gpulayer_worker(url, f"e2e{i}", os.cpu_count() or 1), env=env) for i in range(2)]
     while len(client.workers()) < 2:
@@ -190,6 +191,14 @@ def submit_costs(url: str, home: Path, jobs: int) -> dict[str, float]:
         lambda: [client.submit(["true"]) for _ in range(jobs)], jobs
     )
     client.close()
+    background = Client(url, settings=Settings(home=home), background_submits=True)
+    costs["gpulayer submit, background"] = _per_job_ms(
+        lambda: [background.submit(["true"]) for _ in range(jobs)], jobs
+    )
+    costs["gpulayer background + flush"] = _per_job_ms(
+        lambda: ([background.submit(["true"]) for _ in range(jobs)], background.flush()), jobs
+    )
+    background.close()
     flush(url)
     queue = Queue("bench", connection=redis.Redis.from_url(url))
     costs["rq enqueue"] = _per_job_ms(lambda: [queue.enqueue(RQ_FUNCTION, "true") for _ in range(jobs)], jobs)
@@ -300,6 +309,7 @@ def main() -> None:
     with private_installation() as (url, home):
         end_to_end = {
             "gpulayer": gpulayer_end_to_end(url, home, args.jobs),
+            "gpulayer, background submits": gpulayer_end_to_end(url, home, args.jobs, background=True),
             "rq SimpleWorker": rq_end_to_end(url, args.jobs),
             "dramatiq, 2 processes x 4 threads": dramatiq_end_to_end(url, args.jobs),
         }

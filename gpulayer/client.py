@@ -64,8 +64,9 @@ from .store.artifacts import (
 )
 from .store.channels import Subscription
 from .store.connection import connect
-from .store.jobs import under_new_ids
+from .store.jobs import new_job_id, under_new_ids
 from .store.logs import LogUpdates
+from .store.sender import Sender
 from .store.stores import Stores
 from .store.telemetry import HISTORY
 from .units import format_size
@@ -85,10 +86,20 @@ class Client:
     default an access token in ``GPULAYER_ACCESS_TOKEN``, else the strongest role this machine holds
     (what `gpulayer up`, `join` or `connect` kept). ``redis_url`` (default ``GPULAYER_REDIS_URL``)
     replaces its Redis URL. Nothing is sent to Redis until the first call.
+
+    With ``background_submits``, :meth:`submit` of a job without files or an idempotency key returns
+    before the job is in Redis: a thread sends the submits, many per round trip and under one
+    signature. Every call that reads or changes jobs waits for them first (:meth:`flush`), and
+    raises :class:`SubmitFailed` for those that did not get there; so does the next submit.
     """
 
     def __init__(
-        self, redis_url: str | None = None, *, settings: Settings | None = None, access: Access | None = None
+        self,
+        redis_url: str | None = None,
+        *,
+        settings: Settings | None = None,
+        access: Access | None = None,
+        background_submits: bool = False,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.access = access or accesses.resolve(redis_url or self.settings.redis_url, self.settings.home)
@@ -97,12 +108,23 @@ class Client:
         self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
         self.keys = self.stores.keys
         self._calls = Calls(self.settings, self.stores.jobs, self.stores.artifacts, self.access.keyring)
+        self._sender = Sender(self.stores.jobs, SUBMIT_BATCH) if background_submits else None
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
 
     def close(self) -> None:
-        self.redis.close()
+        try:
+            if self._sender is not None:
+                self._sender.close()
+        finally:
+            self.redis.close()
+
+    def flush(self) -> None:
+        """Wait until every job submitted in the background is in Redis (see :class:`Client`);
+        :class:`SubmitFailed` for those that are not. Without ``background_submits``, nothing to do."""
+        if self._sender is not None:
+            self._sender.flush()
 
     def submit(
         self,
@@ -180,6 +202,12 @@ class Client:
                 f"{format_size(self.settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
             )
         uploads = {SOURCE_ARCHIVE: source_files, INPUTS_ARCHIVE: input_files if spec.inputs else None}
+        if self._sender is not None and not idempotency_key and all(m is None for m in uploads.values()):
+            self.stores.jobs.dump(spec)  # its size checked now, not in the background
+            job_id = new_job_id()
+            self._sender.put(job_id, spec)
+            return Job(self, job_id)
+        self.flush()  # after the jobs submitted before it
         [job_id] = under_new_ids(1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key)})
         return Job(self, job_id)
 
@@ -261,6 +289,7 @@ class Client:
         specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
         if fail_if_unschedulable:
             self._check_schedulable(first)
+        self.flush()
         ids: list[str] = []
         for start in range(0, len(specs), SUBMIT_BATCH):
             batch = specs[start : start + SUBMIT_BATCH]
@@ -282,6 +311,7 @@ class Client:
     ) -> list[Job]:
         """Submit one job per call of ``function`` (``(args, kwargs)`` each), many per round trip.
         What ``@gpulayer.remote`` uses; see :mod:`gpulayer.functions`."""
+        self.flush()
         return [Job(self, job_id) for job_id in self._calls.submit(function, calls, options or CallOptions())]
 
     def map_calls(
@@ -294,6 +324,7 @@ class Client:
         max_in_flight: int | None = None,
     ) -> Iterator[Any]:
         """Submit the calls and yield their values (see :meth:`gpulayer.RemoteFunction.map`)."""
+        self.flush()
         return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
 
     def function_result(self, job_id: str, timeout: float | None = None) -> Any:
@@ -317,6 +348,7 @@ class Client:
         streams, and one of the ended ones' records, per turn, not a round trip per job.
         :class:`JobNotFound` at once for one that does not exist; :class:`WaitTimeout` once
         ``timeout`` seconds have passed with some still not ended."""
+        self.flush()
         pending = list(dict.fromkeys(job.id if isinstance(job, Job) else job for job in jobs))
         records = self.stores.jobs.get_many(pending)
         missing = [job_id for job_id, record in zip(pending, records, strict=True) if not record]
@@ -354,10 +386,12 @@ class Client:
 
     def jobs(self, state: JobState | str | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
         """The newest jobs first, all or in one state; ``offset`` skips that many (paging)."""
+        self.flush()
         return self.stores.jobs.list(JobState(state) if state else None, limit, offset)
 
     def job_counts(self) -> dict[JobState, int]:
         """How many jobs are in each state (ended ones until their retention)."""
+        self.flush()
         return self.stores.jobs.counts()
 
     def workers(self) -> list[WorkerInfo]:
@@ -483,6 +517,7 @@ class Job:
         return f"Job({self.id!r})"
 
     def status(self) -> JobRecord:
+        self.client.flush()
         record = self.client.stores.jobs.get(self.id)
         if record is None:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
@@ -490,6 +525,7 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> JobRecord:
         """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
+        self.client.flush()
         done, record = self.client.stores.jobs.peek_end(self.id)
         if record is None:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
@@ -546,6 +582,7 @@ class Job:
     def cancel(self) -> bool:
         """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about
         a second. Returns False, changing nothing, if the job had already ended."""
+        self.client.flush()
         outcome = self.client.stores.jobs.cancel(self.id)
         if outcome == "missing":
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
@@ -554,6 +591,7 @@ class Job:
     def outputs_archive(self, dest: IO[bytes]) -> None:
         """Write the job's outputs, as the gzip-compressed tar archive it stored, to ``dest``;
         :class:`OutputNotProduced` if it stored none (or they expired)."""
+        self.client.flush()
         try:
             self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
         except MissingArtifact:

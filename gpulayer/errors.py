@@ -101,6 +101,15 @@ class Unschedulable(GpulayerError):
     """No connected worker could ever run the job."""
 
 
+class SubmitFailed(GpulayerError):
+    """Submits a client sent in the background (``Client(background_submits=True)``) did not reach
+    Redis: those jobs were not made. ``job_ids`` names them; the cause is chained."""
+
+    def __init__(self, message: str, job_ids: list[str]) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids
+
+
 class WaitTimeout(GpulayerError):
     """A wait ended before the job did."""
 

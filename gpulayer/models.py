@@ -231,6 +231,10 @@ class JobSpec(BaseModel):
     def queue(self) -> QueueSpec:
         return QueueSpec(requirements=self.requirements, priority=self.priority)
 
+    def same_but_command(self, other: JobSpec) -> bool:
+        """Whether the two specs differ in nothing but their command (jobs one batch submit can make)."""
+        return all(getattr(self, name) == getattr(other, name) for name in _BESIDE_COMMAND)
+
     def with_command(self, command: list[str]) -> JobSpec:
         """This spec with another command, checked as a spec's is (:class:`InvalidJobSpec`); the
         whole spec's size is checked as it is stored."""
@@ -273,6 +277,9 @@ class JobSpec(BaseModel):
         if name is not None and ("\n" in name or "\r" in name):
             raise ValueError("the name must be one line")
         return name
+
+
+_BESIDE_COMMAND = tuple(name for name in JobSpec.model_fields if name != "command")
 
 
 class QueueSpec(BaseModel):

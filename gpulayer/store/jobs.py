@@ -53,13 +53,18 @@ def submitted(reply: list[Any]) -> str | None:
     return job_id.decode() if created else None
 
 
+def new_job_id() -> str:
+    """A new job's id: random, so two submitters never wait on each other."""
+    return secrets.token_hex(6)
+
+
 def under_new_ids(count: int, submit: Callable[[dict[int, str]], Mapping[int, str | None]]) -> list[str]:
     """The ids of ``count`` jobs that ``submit`` makes: it is given a new random id for each job still to
     make, by the job's index, and answers with the id each got (:func:`submitted`'s). A job whose id was
     taken (None) is given another; ids are random, so two submitters never wait on each other."""
     made: dict[int, str] = {}
     while len(made) < count:
-        answers = submit({index: secrets.token_hex(6) for index in range(count) if index not in made})
+        answers = submit({index: new_job_id() for index in range(count) if index not in made})
         made.update((index, job_id) for index, job_id in answers.items() if job_id is not None)
     return [made[index] for index in range(count)]
 
@@ -109,14 +114,14 @@ class JobStore:
         for (job_id, spec), seal in zip(
             jobs, self.seals([(job_id, spec, {}) for job_id, spec in jobs]), strict=True
         ):
-            args.extend((job_id, description(spec.command), self._dump(spec), seal))
+            args.extend((job_id, description(spec.command), self.dump(spec), seal))
         replies = self._scripts.run("submit_many", [self._keys.queue(queue_name)], args)
         return [job_id if created else None for (job_id, _), created in zip(jobs, replies, strict=True)]
 
     def seals(self, jobs: Sequence[tuple[str, JobSpec, dict[str, str]]]) -> list[str]:
         """The seals of jobs (id, spec, file digests) to submit together: one signature for all."""
         return seal_jobs(
-            self._keyring.signer(), [(job_id, self._dump(spec), files) for job_id, spec, files in jobs]
+            self._keyring.signer(), [(job_id, self.dump(spec), files) for job_id, spec, files in jobs]
         )
 
     def queue_submit(
@@ -179,7 +184,7 @@ class JobStore:
     def _fields(self, spec: JobSpec, queue_name: str, created: datetime) -> dict[str, Any]:
         """The new job's hash, but its seal."""
         fields = rq_fields(queue_name, spec.command, spec.timeout, self._retention, created)
-        fields["gl_spec"] = self._dump(spec)
+        fields["gl_spec"] = self.dump(spec)
         fields["gl_attempt"] = 0
         # What the scripts need to decide on a retry, without parsing the spec.
         fields.update(gl_retries=spec.retries, gl_retry_on=spec.retry_on, gl_retry_delay=spec.retry_delay)
@@ -191,14 +196,17 @@ class JobStore:
             fields["gl_starts_at_claim"] = 1
         return fields
 
-    def _dump(self, spec: JobSpec) -> str:
-        """The spec as stored (a batch submits one spec many times: dumped once)."""
-        if self._dumped[0] is not spec:
+    def dump(self, spec: JobSpec) -> str:
+        """The spec as stored (a batch submits one spec many times: dumped once); :class:`InvalidJobSpec`
+        if it is too large to store."""
+        # One read of the pair: another thread (a web server's, a client's sender) may replace it.
+        cached, dumped = self._dumped
+        if cached is not spec:
             dumped = spec.model_dump_json(exclude_defaults=True)
             if len(dumped) > MAX_SPEC_BYTES:
                 raise InvalidJobSpec(SPEC_TOO_LARGE)
             self._dumped = (spec, dumped)
-        return self._dumped[1]
+        return dumped
 
     def ended(self, batch: str, timeout: float) -> list[str]:
         """The ids of the batch's jobs that ended since the last call, waiting up to ``timeout``
