@@ -108,7 +108,9 @@ class Client:
         self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
         self.keys = self.stores.keys
         self._calls = Calls(self.settings, self.stores.jobs, self.stores.artifacts, self.access.keyring)
-        self._sender = Sender(self.stores.jobs, SUBMIT_BATCH) if background_submits else None
+        self._sender = (
+            Sender(self.stores.jobs, SUBMIT_BATCH, 10 * SUBMIT_BATCH) if background_submits else None
+        )
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"

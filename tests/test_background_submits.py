@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,9 @@ import redis
 
 from gpulayer import Client, InvalidJobSpec, JobNotFound, JobState, Settings, SubmitFailed
 from gpulayer import access as accesses
+from gpulayer.models import JobSpec
+from gpulayer.store.jobs import new_job_id
+from gpulayer.store.sender import Sender
 
 from .conftest import WAIT, Workers
 
@@ -103,3 +107,18 @@ def test_a_script_that_ends_without_closing_its_client_still_has_its_jobs_made(
     assert run.returncode == 0, run.stderr
     assert client.get(run.stdout.strip()).status().state is JobState.QUEUED
     assert client.job_counts()[JobState.QUEUED] == 100
+
+
+def test_a_loop_faster_than_redis_waits_while_so_many_submits_are_still_to_send(
+    client: Client, raw_redis: redis.Redis
+) -> None:
+    sender = Sender(client.stores.jobs, batch=2, most_waiting=4)
+    spec = JobSpec(command=["true"])
+    raw_redis.client_pause(2000, all=False)  # Redis runs no script for 2 s: the sender is held
+    loop = threading.Thread(target=lambda: [sender.put(new_job_id(), spec) for _ in range(20)])
+    loop.start()
+    loop.join(0.5)
+    assert loop.is_alive()  # without the bound, all 20 would be in memory by now
+    loop.join(WAIT)
+    sender.close()
+    assert client.job_counts()[JobState.QUEUED] == 20

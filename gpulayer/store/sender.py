@@ -22,11 +22,14 @@ Submit = tuple[str, JobSpec]
 
 class Sender:
     """Sends the submits :meth:`put` is given, in order, up to ``batch`` per round trip: those the
-    thread finds waiting when it is free, so a lone submit goes at once and a loop's gather."""
+    thread finds waiting when it is free, so a lone submit goes at once and a loop's gather. A
+    submit waits while ``most_waiting`` are still to send: a loop faster than Redis holds a bounded
+    number of jobs in memory, and loses no more than that if its process is killed."""
 
-    def __init__(self, jobs: JobStore, batch: int) -> None:
+    def __init__(self, jobs: JobStore, batch: int, most_waiting: int) -> None:
         self._jobs = jobs
         self._batch = batch
+        self._most_waiting = most_waiting
         self._waiting: list[Submit] = []
         self._sending = False
         self._closed = False
@@ -40,6 +43,8 @@ class Sender:
     def put(self, job_id: str, spec: JobSpec) -> None:
         """Send this job's submit soon; :class:`SubmitFailed` now if an earlier one failed."""
         with self._changed:
+            while len(self._waiting) >= self._most_waiting and self._failure is None:
+                self._changed.wait()
             self._raise_failure()
             if self._closed:
                 raise RuntimeError("this client is closed")
@@ -82,6 +87,7 @@ class Sender:
                     return
                 batch, self._waiting = self._waiting[: self._batch], self._waiting[self._batch :]
                 self._sending = True
+                self._changed.notify_all()  # room for a submit that waits (see most_waiting)
             failure = self._send(batch)
             with self._changed:
                 self._sending = False
