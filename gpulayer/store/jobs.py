@@ -111,10 +111,15 @@ class JobStore:
         args.append(len(fields))
         for pair in fields.items():
             args.extend(pair)
-        for (job_id, spec), seal in zip(
-            jobs, self.seals([(job_id, spec, {}) for job_id, spec in jobs]), strict=True
+        # Dumped once each: the seals and the script both take the dump (each job's spec is its own).
+        dumps = [self.dump(spec) for _, spec in jobs]
+        signed: list[tuple[str, str, dict[str, str]]] = [
+            (job_id, dumped, {}) for (job_id, _), dumped in zip(jobs, dumps, strict=True)
+        ]
+        for (job_id, spec), dumped, seal in zip(
+            jobs, dumps, seal_jobs(self._keyring.signer(), signed), strict=True
         ):
-            args.extend((job_id, description(spec.command), self.dump(spec), seal))
+            args.extend((job_id, description(spec.command), dumped, seal))
         replies = self._scripts.run("submit_many", [self._keys.queue(queue_name)], args)
         return [job_id if created else None for (job_id, _), created in zip(jobs, replies, strict=True)]
 
