@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpulayer import GPU, InvalidJobSpec, Requirements, WorkerInfo
-from gpulayer.models import validated
+from gpulayer.models import QueueSpec, validated
 from gpulayer.placement import CODES, NO_WORKERS, check, eligible_gpus, memory_text, plan
+from gpulayer.worker.queues import ServedQueues
 
 GiB = 2**30
 
@@ -226,3 +227,38 @@ def test_a_gang_job_no_set_of_workers_could_hold_is_unschedulable() -> None:
     result = plan(needs(gpus=2), boxes, nodes=2)
     assert result.schedulable is False
     assert result.reasons[0].reason == "needs 2 workers that can each hold one node: 1 could ever, 1 can now"
+
+
+# --- the queues a worker serves ------------------------------------------------------------------
+
+
+def test_queues_of_equal_priority_take_turns_and_a_higher_priority_comes_first() -> None:
+    served = ServedQueues(worker(), interval=60)
+    registry = {
+        "a": QueueSpec(requirements=needs(memory="1KB")),
+        "b": QueueSpec(requirements=needs(memory="2KB")),
+        "urgent": QueueSpec(requirements=needs(memory="3KB"), priority=5),
+        "huge": QueueSpec(requirements=needs(gpus=8)),
+    }
+    assert served.update(lambda: registry)
+    assert served.names == ["a", "b", "urgent"]  # never a queue it cannot run
+    orders = [[offer.name for offer in served.claim_order()] for _ in range(3)]
+    assert orders == [["urgent", "a", "b"], ["urgent", "b", "a"], ["urgent", "a", "b"]]
+
+
+def test_a_queue_announced_while_the_registry_is_read_is_looked_for_again() -> None:
+    served = ServedQueues(worker(), interval=60)
+    assert served.due
+    assert not served.update(dict)
+    assert not served.due  # until the interval passes or a queue is announced
+    served.look_soon()
+    assert served.due
+
+    def read_during_an_announcement() -> dict[str, QueueSpec]:
+        served.look_soon()
+        return {}
+
+    served.update(read_during_an_announcement)
+    assert served.due
+    assert served.update(lambda: {"late": QueueSpec()})
+    assert not served.update(lambda: {"late": QueueSpec()})  # seen already

@@ -125,9 +125,10 @@ class Worker(BaseWorker):
             maintenance_interval=MAINTENANCE_INTERVAL,
         )
         self._served = ServedQueues(
-            WorkerInfo(**offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state="")
+            WorkerInfo(**offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state=""),
+            REFRESH_INTERVAL,
         )
-        self._next_refresh = 0.0
+        self._refreshing = threading.Lock()
         self._listener: Listener | None = None
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
@@ -316,19 +317,21 @@ class Worker(BaseWorker):
         return channels
 
     def _refresh_queues(self) -> None:
-        """Serve each new queue whose requirements this worker could ever meet."""
-        self._next_refresh = time.monotonic() + REFRESH_INTERVAL
-        if not self._served.update(self.store.queue_registry()):
-            return
-        self.queues = [self.queue_class(name, connection=self.connection) for name in self._served.names]
-        self._ordered_queues = self.queues[:]
-        # RQ's own view: `rq info` lists the worker under each queue it serves.
-        with self.connection.pipeline() as pipe:
-            worker_registration.register(self, pipe)
-            pipe.hset(self.key, "queues", ",".join(self._served.names))
-            pipe.execute()
-        if self._listener is not None:
-            self._listener.set_channels(self._channels())
+        """Serve each new queue whose requirements this worker could ever meet, if a look is due.
+        Whichever claims next looks first: the main loop, or a slot claiming as its job ends (a full
+        worker's main loop may not wake before the slot's next claim)."""
+        with self._refreshing:
+            if not self._served.due or not self._served.update(self.store.queue_registry):
+                return
+            self.queues = [self.queue_class(name, connection=self.connection) for name in self._served.names]
+            self._ordered_queues = self.queues[:]
+            # RQ's own view: `rq info` lists the worker under each queue it serves.
+            with self.connection.pipeline() as pipe:
+                worker_registration.register(self, pipe)
+                pipe.hset(self.key, "queues", ",".join(self._served.names))
+                pipe.execute()
+            if self._listener is not None:
+                self._listener.set_channels(self._channels())
         log.info("worker %s: serving %s", self.display_name, ", ".join(self._served.names))
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
@@ -362,8 +365,7 @@ class Worker(BaseWorker):
                     self.run_maintenance_tasks()
                 if (claim := self._next_claimed()) is not None:
                     return claim, self.queue_class(claim.queue, connection=self.connection)
-                if time.monotonic() >= self._next_refresh:
-                    self._refresh_queues()
+                self._refresh_queues()
                 if self._place_now or (self._gangs and time.monotonic() >= self._next_placement):
                     self._place_gangs()
                 outcome = self._try_claim()
@@ -388,26 +390,26 @@ class Worker(BaseWorker):
     def _try_claim(self) -> Literal["took", "nothing", "full", "again"]:
         """Claim for the free slots (and any gang part placed here): it took jobs; it found nothing
         to take; the slots are full; or a slot freed meanwhile (look again)."""
+        # Cleared before anything it decides on is read: what sets a flag and then wakes this loop
+        # after the read still wakes the wait that follows. (Cleared after, a submit that came
+        # between the two slept a poll's interval.)
+        self._wake.clear()
         with self._lock:
             # A job a runner claimed as it ended (see _next_claim) holds a slot already.
             running = len(self._runners) + len(self._claimed)
         busy = self._busy()
         free = self.capacity - running
         if free <= 0 and not self._parts:
-            # Full: nothing to claim until a runner ends, which wakes this loop again. A wake-up
-            # that came meanwhile (a submit) must not leave it spinning until then.
-            self._wake.clear()
+            # Full: nothing to claim until a runner ends, which wakes this loop again.
             with self._lock:
                 return "again" if len(self._runners) < self.capacity else "full"
         if self._drained and not (self._submitted or self._parts):
             # The last claim came back short: nothing more until a submit, a placed part or a quiet
             # poll says so. A freed slot's resources were offered to that slot's own claim already.
-            self._wake.clear()
             return "nothing"
         if self._submitted and busy and free > 0:
             self._spread(busy)
         self._submitted = self._parts = False
-        self._wake.clear()
         wanted = max(free, 0)
         self._took(self.store.claim(self._claim_request(wanted)), wanted)
         if self._claimed:
@@ -431,6 +433,8 @@ class Worker(BaseWorker):
 
     def _idle(self) -> None:
         """Sleep until woken (a submit, a freed slot, a placed part) or a poll's interval passes."""
+        if self._served.due:
+            return  # a new queue was announced since this turn of the loop looked
         woken = self._wake.wait(POLL_INTERVAL)
         if not woken:
             self._drained = False  # a wake-up may have been lost: look again
@@ -452,7 +456,13 @@ class Worker(BaseWorker):
     def _next_claim(self) -> ClaimRequest | None:
         """What a runner claims as its job ends, in the same round trip: one job for its slot; none
         once the worker is stopping."""
-        return None if self._stopping else self._claim_request(1)
+        if self._stopping:
+            return None
+        try:
+            self._refresh_queues()
+        except redis.exceptions.RedisError as exc:  # the job's end must still be recorded
+            log.error("worker %s: could not look for new queues: %s", self.display_name, exc)
+        return self._claim_request(1)
 
     def _took(self, claimed: Claimed, wanted: int, *, wake: bool = True) -> None:
         """Jobs a claim for ``wanted`` took, to be started in turn: by the main loop, which ``wake``
@@ -614,7 +624,7 @@ class Worker(BaseWorker):
             log.error("worker %s: placing gang jobs failed: %s", self.display_name, exc)
 
     def _on_new_queue(self, message: dict[Any, Any]) -> None:
-        self._next_refresh = 0.0
+        self._served.look_soon()
         self._submitted = True
         self._wake.set()
 
