@@ -66,6 +66,7 @@ from .store.channels import Subscription
 from .store.connection import connect
 from .store.jobs import new_job_id, under_new_ids
 from .store.logs import LogUpdates
+from .store.readahead import ReadAhead
 from .store.sender import Sender
 from .store.stores import Stores
 from .store.telemetry import HISTORY
@@ -111,6 +112,7 @@ class Client:
         self._sender = (
             Sender(self.stores.jobs, SUBMIT_BATCH, 10 * SUBMIT_BATCH) if background_submits else None
         )
+        self._ends = ReadAhead(self.stores.jobs)
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
@@ -208,9 +210,12 @@ class Client:
             self.stores.jobs.dump(spec)  # its size checked now, not in the background
             job_id = new_job_id()
             self._sender.put(job_id, spec)
-            return Job(self, job_id)
-        self.flush()  # after the jobs submitted before it
-        [job_id] = under_new_ids(1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key)})
+        else:
+            self.flush()  # after the jobs submitted before it
+            [job_id] = under_new_ids(
+                1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key)}
+            )
+        self._ends.submitted((job_id,))
         return Job(self, job_id)
 
     def _submit_as(
@@ -296,6 +301,7 @@ class Client:
         for start in range(0, len(specs), SUBMIT_BATCH):
             batch = specs[start : start + SUBMIT_BATCH]
             ids += under_new_ids(len(batch), functools.partial(self._submit_batch, batch))
+        self._ends.submitted(ids)
         return [Job(self, job_id) for job_id in ids]
 
     def _submit_batch(self, specs: list[JobSpec], ids: dict[int, str]) -> dict[int, str | None]:
@@ -352,6 +358,7 @@ class Client:
         ``timeout`` seconds have passed with some still not ended."""
         self.flush()
         pending = list(dict.fromkeys(job.id if isinstance(job, Job) else job for job in jobs))
+        self._ends.forget(pending)
         records = self.stores.jobs.get_many(pending)
         missing = [job_id for job_id, record in zip(pending, records, strict=True) if not record]
         if missing:
@@ -528,7 +535,7 @@ class Job:
     def wait(self, timeout: float | None = None) -> JobRecord:
         """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
         self.client.flush()
-        done, record = self.client.stores.jobs.peek_end(self.id)
+        done, record = self.client._ends.peek_end(self.id)
         if record is None:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         if done:

@@ -134,7 +134,7 @@ class Workers:
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(
-        self, name: str = "w1", slots: int = 2, *args: str, wait: bool = True
+        self, name: str = "w1", slots: int = 2, *args: str, wait: bool = True, pass_fds: tuple[int, ...] = ()
     ) -> subprocess.Popen[bytes]:
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as log:
@@ -154,6 +154,7 @@ class Workers:
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                pass_fds=pass_fds,
             )
         self.processes.append(process)
         if wait:

@@ -11,7 +11,7 @@ import redis
 
 from gpulayer import Client, JobNotFound, JobState, OutputNotProduced, WaitTimeout
 from gpulayer.errors import InvalidJobSpec
-from tests.conftest import WAIT, Workers
+from tests.conftest import WAIT, Workers, wait_for
 
 PY = sys.executable
 
@@ -206,6 +206,29 @@ def test_waiting_on_many_jobs_reads_their_ends_together_in_the_order_asked(
     before = raw_redis.info("commandstats")["cmdstat_xread"]["calls"]
     assert len(client.wait_all(jobs)) == 61
     assert raw_redis.info("commandstats")["cmdstat_xread"]["calls"] - before == 1
+
+
+def test_a_loop_of_waits_on_jobs_that_ended_meanwhile_reads_ahead_instead_of_once_per_job(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    jobs = [client.submit(["true"]) for _ in range(100)] + [client.submit(["sh", "-c", "exit 3"])]
+    workers.start("w1", 2)
+    wait_for(lambda: sum(client.ended_counts().values()) == 101, what="all the jobs to end")
+    before = _xreads(raw_redis)
+    records = [job.wait(WAIT) for job in jobs]
+    assert [record.id for record in records] == [job.id for job in jobs]
+    assert [record.state for record in records] == [JobState.SUCCEEDED] * 100 + [JobState.FAILED]
+    # Each wait that asks reads ahead twice as far as the last (1, 3, 7, ... jobs): 7 of 101 ask,
+    # each with its own done stream and the next ones' in two XREADs.
+    assert _xreads(raw_redis) - before <= 14
+    # Read ahead once: a second wait asks again.
+    before = _xreads(raw_redis)
+    assert jobs[50].wait(WAIT).state is JobState.SUCCEEDED
+    assert _xreads(raw_redis) - before >= 1
+
+
+def _xreads(raw_redis: redis.Redis) -> int:
+    return int(raw_redis.info("commandstats").get("cmdstat_xread", {}).get("calls", 0))
 
 
 def test_as_completed_yields_each_job_as_it_ends_and_says_when_time_runs_out(

@@ -418,6 +418,48 @@ def test_no_job_process_finds_a_credential_in_its_environment(
         }
 
 
+#: What a job sees of the files it inherited, and where it runs.
+FILES_SCRIPT = """
+import json, os
+files = {}
+for name in os.listdir("/proc/self/fd"):
+    try:
+        files[name] = os.readlink(f"/proc/self/fd/{name}")
+    except OSError:
+        pass  # the listing's own, closed by now
+print(json.dumps({"files": files, "cwd": os.getcwd()}))
+"""
+
+
+def test_a_job_inherits_no_file_of_its_worker_and_starts_with_default_signals(
+    client: Client, workers: Workers, tmp_path: Path
+) -> None:
+    # A file the worker holds open and could pass on (as a library's device file might be).
+    held = tmp_path / "held-by-the-worker"
+    held.write_text("the worker's")
+    with open(held, "rb") as file:
+        os.set_inheritable(file.fileno(), True)
+        workers.start("w1", 1, pass_fds=(file.fileno(),))
+    files = client.submit([sys.executable, "-c", FILES_SCRIPT])
+    # grep itself is the job: what it reads of its own status is what the job was started with.
+    status = client.submit(["grep", "-E", "^(Pid|NSsid|SigIgn|SigBlk):", "/proc/self/status"])
+    for job in (files, status):
+        assert job.wait(WAIT).state is JobState.SUCCEEDED, job.status().reason
+    (seen,) = [json.loads(line.text) for line in files.logs() if line.stream == "stdout"]
+    assert set(seen["files"]) == {"0", "1", "2"}, seen["files"]
+    assert seen["files"]["0"] == os.devnull
+    assert all(seen["files"][fd].startswith("pipe:") for fd in ("1", "2"))
+    assert files.id in seen["cwd"]
+    fields = dict(line.text.split(":\t", 1) for line in status.logs() if line.stream == "stdout")
+    ignored = int(fields["SigIgn"], 16)
+    # Python's worker ignores SIGPIPE and SIGXFSZ, and glibc's posix_spawn would leave its own two
+    # (32, 33) ignored: none of that carries over; no signal is blocked; the job leads its session.
+    for number in (13, 25, 32, 33):
+        assert not ignored & (1 << (number - 1)), f"signal {number} is ignored in the job"
+    assert int(fields["SigBlk"], 16) == 0
+    assert fields["NSsid"] == fields["Pid"]
+
+
 def dict_of_environ() -> dict[str, str]:
     return dict(os.environ)
 

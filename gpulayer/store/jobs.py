@@ -227,30 +227,36 @@ class JobStore:
         """Those of ``job_ids`` whose job has ended, from their done streams read together (a pipeline
         of one XREAD per :data:`_SWEEP` jobs). ``block_ms``: when none has, wait up to that long for
         one of the first :data:`_SWEEP`."""
-        done = {self._keys.done(job_id): job_id for job_id in job_ids}
-        streams = list(done)
         pipe = self._redis.pipeline(transaction=False)
+        self._sweep(pipe, job_ids, block_ms)
+        return self._swept(job_ids, pipe.execute())
+
+    def _sweep(self, pipe: Pipeline, job_ids: Sequence[str], block_ms: int | None = None) -> None:
+        streams = [self._keys.done(job_id) for job_id in job_ids]
         chunks = [streams[:_SWEEP]] if block_ms is not None else _chunks(streams, _SWEEP)
         for chunk in chunks:
             pipe.xread(dict.fromkeys(chunk, "0-0"), count=1, block=block_ms)
+
+    def _swept(self, job_ids: Sequence[str], replies: list[Any]) -> list[str]:
+        done = {self._keys.done(job_id): job_id for job_id in job_ids}
         return [
-            done[name.decode()]
-            for reply in pipe.execute()
-            for name, _ in cast(list[tuple[bytes, Any]], reply or [])
+            done[name.decode()] for reply in replies for name, _ in cast(list[tuple[bytes, Any]], reply or [])
         ]
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
         return self._ours(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))
 
-    def peek_end(self, job_id: str) -> tuple[bool, JobRecord | None]:
+    def peek_end(self, job_id: str, ahead: Sequence[str] = ()) -> tuple[bool, JobRecord | None, list[str]]:
         """Whether the job has ended, and its record (None if there is none), in one round trip: what a
-        wait on a job that has already ended costs."""
+        wait on a job that has already ended costs. In the same round trip, those of ``ahead`` that
+        have ended (as :meth:`ended_among`)."""
         pipe = self._redis.pipeline(transaction=False)
         pipe.xread({self._keys.done(job_id): "0-0"}, count=1)
         pipe.hgetall(self._keys.job(job_id))
-        done, raw = pipe.execute()
-        return bool(done), self._ours(job_id, raw)
+        self._sweep(pipe, ahead)
+        done, raw, *swept = pipe.execute()
+        return bool(done), self._ours(job_id, raw), self._swept(ahead, swept)
 
     def _ours(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
         if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode(errors="replace")):

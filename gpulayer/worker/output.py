@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import subprocess
+
+from .spawning import Started
 
 #: A log line: stream, text, rank.
 Line = tuple[str, str, int | None]
@@ -20,7 +21,7 @@ class Tracked:
     """One process being followed: a job's command, an executor, a rank of a gang job, or the
     torchrun that starts a node's ranks."""
 
-    process: subprocess.Popen[bytes]
+    process: Started
     #: The rank whose lines these are; None for a job that is not a gang job, or for torchrun.
     rank: int | None = None
     #: For torchrun: the global rank of the node's local rank 0 (its lines carry their local rank).

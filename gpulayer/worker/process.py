@@ -18,7 +18,9 @@ from typing import Any
 import psutil
 
 from ..models import JOB_ID_VARIABLE
+from . import spawning
 from .identity import RunAs
+from .spawning import Started
 
 #: What a job's processes never inherit from the worker's environment: GPUlayer's own variables (the
 #: Redis URL and its password, an access token, the home with the worker's keys) and Redis's.
@@ -45,11 +47,18 @@ def spawn(
     die_with_worker: bool = False,
     options: Mapping[str, Any] | None = None,
     executable: str | None = None,
-) -> subprocess.Popen[bytes]:
+) -> Started:
     """Start ``command`` (no shell) as the leader of a new session, so its whole tree can be signalled.
     ``die_with_worker``: SIGKILL it if the worker dies (Linux), as a gang job's ranks must not run on
-    unsupervised. Only for those: it costs the fast way of starting a process. ``options``: more of
-    Popen's (the user to run as). ``executable``: where its program is, if known (see :class:`Programs`)."""
+    unsupervised. ``options``: more of Popen's (the user to run as). ``executable``: where its program
+    is, if known (see :class:`Programs`). A plain start (none of those but ``executable``) goes
+    through ``posix_spawn`` where it can (see :mod:`.spawning`)."""
+    plain = not (pass_fds or die_with_worker or options)
+    program = executable or (command[0] if os.sep in command[0] else None)
+    if plain and program is not None and spawning.AVAILABLE:
+        started = spawning.spawn(program, command, cwd, env)
+        if started is not None:
+            return started
     return subprocess.Popen(
         list(command),
         executable=executable,
@@ -183,7 +192,7 @@ class JobProcesses:
         env: Mapping[str, str],
         pass_fds: Sequence[int] = (),
         die_with_worker: bool = False,
-    ) -> subprocess.Popen[bytes]:
+    ) -> Started:
         env = {**env, **self._identity}
         # A job run as another user finds its program with that user's rights: by its own search.
         where = None if self.run_as else self._programs.find(command[0], env.get("PATH", ""))
@@ -207,7 +216,7 @@ class JobProcesses:
         if self.run_as:
             self.run_as.own(path)
 
-    def reap(self, process: subprocess.Popen[bytes]) -> int:
+    def reap(self, process: Started) -> int:
         returncode = process.wait()
         with self._lock:
             self._leaders.discard(process.pid)
