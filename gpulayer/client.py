@@ -74,8 +74,11 @@ from .units import format_size
 from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
-#: The longest (ms) a wait on many jobs blocks on the first of them before it sweeps them all again.
+#: The longest (ms) a wait on many jobs blocks on the first :data:`_FIRST` of them at a time.
 _TURN = 50
+_FIRST = 64
+#: How often (s) a wait on many jobs reads every one's done stream, to catch those that ended out of order.
+_SWEEP_EVERY = 0.1
 #: :meth:`Client.submit_many` sends this many jobs per round trip, under one signature.
 SUBMIT_BATCH = 1000
 
@@ -352,8 +355,9 @@ class Client:
             raise WaitTimeout(f"job {job_id} is still {record.state.value} after {timeout:g} s")
 
     def as_completed(self, jobs: Iterable[Job | str], timeout: float | None = None) -> Iterator[JobRecord]:
-        """Each job's record as it ends, those already ended first: one read of all their done
-        streams, and one of the ended ones' records, per turn, not a round trip per job.
+        """Each job's record as it ends, those already ended first: a read of all their done streams
+        every :data:`_SWEEP_EVERY` seconds and a blocking read of the first :data:`_FIRST`'s in
+        between, and one read of the ended ones' records per turn, not a round trip per job.
         :class:`JobNotFound` at once for one that does not exist; :class:`WaitTimeout` once
         ``timeout`` seconds have passed with some still not ended."""
         self.flush()
@@ -364,16 +368,21 @@ class Client:
         if missing:
             raise JobNotFound(f"no job {missing[0]!r} (never submitted, or past its retention)")
         deadline = None if timeout is None else time.monotonic() + timeout
+        next_sweep = 0.0
         while pending:
-            ended = self.stores.jobs.ended_among(pending)
+            # Jobs tend to end in the order given: between sweeps of them all (a read of every done
+            # stream), a turn blocks on the first few only. Sweeping them all after each end made
+            # Redis read every stream of a long wait once per job: more than the jobs' own cost.
+            ended: list[str] = []
+            if time.monotonic() >= next_sweep:
+                ended = self.stores.jobs.ended_among(pending)
+                next_sweep = time.monotonic() + _SWEEP_EVERY
             if not ended:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise WaitTimeout(f"{len(pending)} job(s) still not ended after {timeout:g} s")
-                # The first jobs of the list, which tend to end first; the rest are swept next turn.
                 block = _TURN if left is None else max(1, min(_TURN, int(left * 1000)))
-                self.stores.jobs.ended_among(pending, block_ms=block)
-                continue
+                ended = self.stores.jobs.ended_among(pending[:_FIRST], block_ms=block)
             finished = set(ended)
             pending = [job_id for job_id in pending if job_id not in finished]
             for job_id, record in zip(ended, self.stores.jobs.get_many(ended), strict=True):

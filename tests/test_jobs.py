@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -225,6 +226,33 @@ def test_a_loop_of_waits_on_jobs_that_ended_meanwhile_reads_ahead_instead_of_onc
     before = _xreads(raw_redis)
     assert jobs[50].wait(WAIT).state is JobState.SUCCEEDED
     assert _xreads(raw_redis) - before >= 1
+
+
+def test_a_wait_on_many_running_jobs_blocks_on_the_first_few_between_sweeps_of_all(
+    client: Client, raw_redis: redis.Redis
+) -> None:
+    jobs = client.submit_many([["true"]] * 200)  # no worker: none ends
+    reads: list[tuple[int, bool]] = []  # each XREAD: how many done streams, whether it blocked
+    with raw_redis.monitor() as monitor:
+
+        def watch() -> None:
+            while "stop watching" not in (command := monitor.next_command()["command"]):
+                if command.startswith("XREAD"):
+                    reads.append((command.count(":done:"), "BLOCK" in command))
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        with pytest.raises(WaitTimeout):
+            client.wait_all(jobs, timeout=1.0)
+        redis.Redis(connection_pool=raw_redis.connection_pool).echo("stop watching")
+        watcher.join(WAIT)
+    blocking = [streams for streams, blocked in reads if blocked]
+    sweeps = [streams for streams, blocked in reads if not blocked]
+    # A turn blocks on the first 64; all 200 are read at most once per turn (every 0.1 s), not at
+    # every turn and again in the blocking read, as after each job's end.
+    assert set(blocking) == {64}
+    assert set(sweeps) == {200}
+    assert len(sweeps) <= len(blocking) + 1
 
 
 def _xreads(raw_redis: redis.Redis) -> int:
