@@ -326,7 +326,7 @@ QUEUED_FIELDS: list[tuple[str, bytes | None]] = [
             "gl_retries", "gl_retry_on", "gl_retry_delay", "gl_retried", "gl_attempts", "gl_queued_ms",
             "result_ttl", "timeout", "status", "description", "gl_idempotency", "gl_batch", "gl_nodes",
             "worker_name", "gl_gpus", "gl_cpus", "gl_memory", "gl_gpu_uuids", "gl_exit_code",
-            "gl_reason", "gl_outputs", "gl_parts", "gl_retry_at", "started_at", "ended_at",
+            "gl_reason", "gl_outputs", "gl_parts", "gl_retry_at", "started_at", "ended_at", "gl_score",
         )
     ],
     *[(field, None) for field in ("gl_attempt", "gl_spec", "gl_seal", "origin", "created_at")],

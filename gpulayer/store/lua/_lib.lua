@@ -9,9 +9,14 @@ local function key(template, value)
   return template[1] .. value .. template[2]
 end
 
+-- Read once per script call: a call is atomic, and each TIME is a command of its own.
+local now_read = nil
 local function now_ms()
-  local t = redis.call('time')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now_read then
+    local t = redis.call('time')
+    now_read = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_read
 end
 
 -- A worker's name as people know it, from the name RQ knows it by.
@@ -114,30 +119,34 @@ end
 -- (not a part of a gang job), times how long it waited to start and how long it ran, and tells the
 -- dashboard (EVENTS).
 local function set_state(id, jobkey, state)
-  local v = redis.call('hmget', jobkey, 'gl_state', 'gl_parent', 'gl_queued_ms', 'gl_running_ms')
+  local v = redis.call('hmget', jobkey, 'gl_state', 'gl_parent', 'gl_queued_ms', 'gl_running_ms', 'gl_score')
   local old = v[1]
   if old then
     redis.call('zrem', key(K.jobs_in, old), id)
   end
-  local score = redis.call('zscore', JOBS, id)
+  -- The job's score in JOBS, kept in its hash by its submit (a job queued before that asks JOBS).
+  local score = tonumber(v[5]) and v[5] or redis.call('zscore', JOBS, id)
   if score then
     redis.call('zadd', key(K.jobs_in, state), score, id)
   end
-  redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
   if v[2] then
+    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
     return
   end
-  -- Redis's clock is read only by the changes that are timed.
+  -- Redis's clock is read only by the changes that are timed; their time goes in the same write.
   if state == 'queued' then
-    redis.call('hset', jobkey, 'gl_queued_ms', now_ms())
+    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state], 'gl_queued_ms', now_ms())
   elseif state == 'running' then
     local now = now_ms()
-    redis.call('hset', jobkey, 'gl_running_ms', now)
+    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state], 'gl_running_ms', now)
     if tonumber(v[3]) then
       observe(START_LATENCY, START_BUCKETS, now - tonumber(v[3]))
     end
-  elseif old == 'running' and tonumber(v[4]) then
-    observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
+  else
+    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
+    if old == 'running' and tonumber(v[4]) then
+      observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
+    end
   end
   if FINAL[state] then
     redis.call('hincrby', ENDED_COUNTS, state, 1)
@@ -145,10 +154,11 @@ local function set_state(id, jobkey, state)
   announce(id, state)
 end
 
--- True while this worker's attempt still owns the job: the fencing check before any write of a worker.
+-- While this worker's attempt still owns the job (the fencing check before any write of a worker),
+-- its state, worker, attempt and gl_parent; else false.
 local function owns(jobkey, worker, attempt)
-  local v = redis.call('hmget', jobkey, 'gl_state', 'worker_name', 'gl_attempt')
-  return (v[1] == 'scheduled' or v[1] == 'running') and v[2] == worker and v[3] == attempt
+  local v = redis.call('hmget', jobkey, 'gl_state', 'worker_name', 'gl_attempt', 'gl_parent')
+  return (v[1] == 'scheduled' or v[1] == 'running') and v[2] == worker and v[3] == attempt and v
 end
 
 -- A line of a job's log; ``rank``, for a line of one rank of a gang job, is its global rank.
@@ -179,8 +189,9 @@ end
 
 -- Gives back what a job holds on its worker: its GPUs (only those it still holds), its CPU slots and
 -- memory, and its lease. The reservation fields are cleared, so giving back twice does nothing.
-local function release(id, jobkey)
-  local v = redis.call('hmget', jobkey, 'gl_gpu_uuids', 'gl_cpus', 'gl_memory', 'worker_name')
+-- ``held``: those fields (gl_gpu_uuids, gl_cpus, gl_memory, worker_name), if already read.
+local function release(id, jobkey, held)
+  local v = held or redis.call('hmget', jobkey, 'gl_gpu_uuids', 'gl_cpus', 'gl_memory', 'worker_name')
   for uuid in string.gmatch(v[1] or '', '[^,]+') do
     if redis.call('get', key(K.gpu, uuid)) == id then
       redis.call('del', key(K.gpu, uuid))
@@ -233,13 +244,14 @@ end
 -- Takes a job off the worker that holds it: RQ's started registry, the worker's set (and RQ's view of
 -- its current job), what it holds.
 local function detach(id, jobkey)
-  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'worker_name', 'gl_parent')
+  local v = redis.call('hmget', jobkey, 'origin', 'gl_attempt', 'worker_name', 'gl_parent', 'gl_gpu_uuids',
+    'gl_cpus', 'gl_memory')
   redis.call('zrem', key(K.started, v[1] or ''), id .. ':' .. (v[2] or '0'))
   if v[3] and v[3] ~= '' then
     redis.call('srem', key(K.worker_jobs, display(v[3])), id)
     show_next(v[3], v[4] or id)
   end
-  release(id, jobkey)
+  release(id, jobkey, {v[5], v[6], v[7], v[3]})
 end
 
 -- Puts a queued job where workers take it from, and wakes them: a gang job (gl_nodes) among the
@@ -335,7 +347,8 @@ end
 -- kept in RQ's result_ttl field). ``fields``: more field, value pairs of the job's hash to set with its
 -- end (its exit code, reason, outputs), before RQ's record of its result is made from them.
 local function end_job(id, jobkey, state, ended_at, fields)
-  local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch', 'gl_nodes')
+  local v = redis.call('hmget', jobkey, 'origin', 'result_ttl', 'gl_idempotency', 'gl_batch', 'gl_nodes',
+    'gl_retry_at')
   local retention = tonumber(v[2]) or RETENTION
   -- Only a key of the kind it should name: a garbled field must not set a TTL on any other key.
   if v[3] and string.sub(v[3], 1, #K.idempotency[1]) ~= K.idempotency[1] then
@@ -347,8 +360,13 @@ local function end_job(id, jobkey, state, ended_at, fields)
     redis.call('expire', ended, retention)
   end
   detach(id, jobkey)
-  redis.call('zrem', DELAYED, id)
-  redis.call('zrem', GANGS, id)
+  -- Only a job waiting out a back-off is in DELAYED, and only a gang job in GANGS.
+  if v[6] then
+    redis.call('zrem', DELAYED, id)
+  end
+  if v[5] then
+    redis.call('zrem', GANGS, id)
+  end
   set_state(id, jobkey, state)
   redis.call('hset', jobkey, 'ended_at', ended_at, unpack(fields or {}))
   redis.call('zadd', key(K[RQ_STATUS[state]], v[1] or ''), math.floor(now_ms() / 1000) + retention, id)
@@ -503,9 +521,14 @@ end
 
 -- Why a job's record cannot be run as it stands (a field a worker needs is missing or garbled), or
 -- nil when it can.
-local function unsound(jobkey)
-  local v = redis.call('hmget', jobkey, 'gl_attempt', 'gl_spec', 'origin', 'gl_nodes')
-  if not v[1] or not string.match(v[1], '^%d+$') then
+local function unsound(jobkey, ...)
+  -- Its gl_attempt, gl_spec, origin and gl_nodes, if the caller read them already.
+  local v = {...}
+  if select('#', ...) == 0 then
+    v = redis.call('hmget', jobkey, 'gl_attempt', 'gl_spec', 'origin', 'gl_nodes')
+  end
+  -- Short enough to count on exactly (a Lua number), as the claim does.
+  if not v[1] or not string.match(v[1], '^%d+$') or #v[1] > 15 then
     return 'gl_attempt is not a whole number'
   end
   if not v[2] then
@@ -530,8 +553,8 @@ end
 -- queue and calls it queued, while its gl_state still says how it ended: such a job is taken up by
 -- the claim that pops it (a gang job's, which no worker's queue may hold, by the reaper).
 -- A viewer's requeue never gets here: RQ's requeue writes, and the viewer's Redis user may not.
-local function requeued_by_rq(jobkey, state)
-  return FINAL[state] and redis.call('hget', jobkey, 'status') == RQ_STATUS.queued
+local function requeued_by_rq(jobkey, state, status)
+  return FINAL[state] and (status or redis.call('hget', jobkey, 'status')) == RQ_STATUS.queued
 end
 
 -- A failed or timed-out job that RQ requeued runs again, as the next attempt of the same job:

@@ -32,10 +32,8 @@ for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
     out[#out + 1] = {}
   end
 end
-if redis.call('exists', KEYS[5]) == 1 then
-  return out
-end
-if redis.call('exists', KEYS[1]) == 1 then
+-- Held for a waiting gang job, or suspended (RQ's suspend): nothing from the queues.
+if redis.call('exists', KEYS[5], KEYS[1]) > 0 then
   return out
 end
 local want = tonumber(ARGV[1])
@@ -67,26 +65,32 @@ for q = 7, #ARGV, 5 do
       break
     end
     local jobkey = key(K.job, id)
-    local state = redis.call('hget', jobkey, 'gl_state')
-    local why = state == 'queued' and unsound(jobkey)
+    -- All this claim reads of the job, in one read.
+    local row = redis.call('hmget', jobkey, 'gl_state', 'gl_attempt', 'gl_spec', 'origin', 'gl_nodes', 'status',
+      'gl_starts_at_claim', 'gl_seal')
+    local state = row[1]
+    local why = state == 'queued' and unsound(jobkey, row[2], row[3], row[4], row[5])
     if state and not RQ_STATUS[state] then
       why = 'gl_state is not a state'
     end
     if why then
       spoil(id, jobkey, why, ARGV[3])
-    elseif requeued_by_rq(jobkey, state) then
+    elseif requeued_by_rq(jobkey, state, row[6]) then
       take_requeue(id, jobkey, state)
     elseif state == 'queued' then
-      local attempt = redis.call('hincrby', jobkey, 'gl_attempt', 1)
+      local attempt = tonumber(row[2]) + 1  -- a whole number: unsound() says so
       for _, uuid in ipairs(free_uuids) do
         redis.call('set', key(K.gpu, uuid), id)
       end
       cpus_used, memory_used = cpus_used + cpus, memory_used + memory
-      redis.call('hincrby', KEYS[3], 'cpus', ARGV[q + 2])
-      redis.call('hincrby', KEYS[3], 'memory', ARGV[q + 3])
+      for field, amount in pairs({cpus = ARGV[q + 2], memory = ARGV[q + 3]}) do
+        if amount ~= '0' then
+          redis.call('hincrby', KEYS[3], field, amount)
+        end
+      end
       table.sort(free_indices, function(a, b) return tonumber(a) < tonumber(b) end)
       local indices = table.concat(free_indices, ',')
-      local stored = redis.call('hmget', jobkey, 'gl_starts_at_claim', 'gl_spec', 'gl_seal')
+      local stored = {row[7], row[3], row[8]}
       local started = stored[1] == '1'
       -- A job with nothing to fetch goes from queued to running in one step, without the state
       -- indexes' hop through scheduled, which it would hold for no time at all; the dashboard
@@ -95,7 +99,8 @@ for q = 7, #ARGV, 5 do
         announce(id, 'scheduled')
       end
       set_state(id, jobkey, started and 'running' or 'scheduled')
-      redis.call('hset', jobkey, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3], 'gl_gpus', indices,
+      redis.call('hset', jobkey, 'gl_attempt', attempt, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3],
+        'gl_gpus', indices,
         'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3],
         'started_at', started and ARGV[3] or '')
       if started then

@@ -9,7 +9,8 @@
 -- ARGV[6] reason or ''   ARGV[7] now (RQ timestamp)   ARGV[8] outputs summary JSON or ''   ARGV[9] seconds run
 -- Returns 1 when the job ended, 2 when it will run again, 0 when this attempt lost the job (nothing
 -- is written).
-if not owns(KEYS[1], ARGV[2], ARGV[3]) then
+local held = owns(KEYS[1], ARGV[2], ARGV[3])
+if not held then
   return 0
 end
 if redis.call('exists', KEYS[3]) == 1 then
@@ -20,7 +21,7 @@ if redis.call('exists', KEYS[2]) == 1 then
   redis.call('hincrby', KEYS[2], counter, 1)
   redis.call('hincrbyfloat', KEYS[2], 'total_working_time', ARGV[9])
 end
-local parent = redis.call('hget', KEYS[1], 'gl_parent')
+local parent = held[4]
 if parent then
   -- A part of a gang job: what node 0 uploaded is the gang job's outputs; the gang decides the rest.
   if ARGV[8] ~= '' then

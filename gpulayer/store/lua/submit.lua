@@ -17,7 +17,7 @@ end
 if redis.call('exists', KEYS[1]) == 1 then
   return {0, ''}
 end
-redis.call('hset', KEYS[1], unpack(ARGV, 6))
+redis.call('hset', KEYS[1], 'gl_score', ARGV[2], unpack(ARGV, 6))
 if ARGV[5] ~= '' then
   redis.call('set', ARGV[5], ARGV[1])
   redis.call('hset', KEYS[1], 'gl_idempotency', ARGV[5])
@@ -28,7 +28,11 @@ if redis.call('exists', KEYS[3]) == 1 then
   redis.call('rename', KEYS[3], KEYS[4])
   redis.call('persist', KEYS[4])
 end
-if redis.call('hexists', KEYS[1], 'gl_nodes') == 1 then
+local gang = false
+for i = 6, #ARGV, 2 do
+  gang = gang or ARGV[i] == 'gl_nodes'
+end
+if gang then
   -- A gang job waits for workers to place it (gang.lua), not in a queue.
   redis.call('zadd', GANGS, ARGV[2], ARGV[1])
   redis.call('publish', GANG_WAKE, ARGV[1])

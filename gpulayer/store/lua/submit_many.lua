@@ -25,8 +25,8 @@ for i = 5 + 2 * shared_count, #ARGV, 4 do
   if redis.call('exists', job) == 1 then
     replies[#replies + 1] = 0
   else
-    redis.call('hset', job, unpack(shared))
-    redis.call('hset', job, 'description', ARGV[i + 1], 'gl_spec', ARGV[i + 2], 'gl_seal', ARGV[i + 3])
+    redis.call('hset', job, 'description', ARGV[i + 1], 'gl_spec', ARGV[i + 2], 'gl_seal', ARGV[i + 3],
+      'gl_score', score, unpack(shared))
     redis.call('zadd', JOBS, score, id)
     set_state(id, job, 'queued')
     if gang then

@@ -1,0 +1,55 @@
+"""What a short job costs Redis, counted rather than timed: the commands of its submit, claim and
+end, and of a wait on it once it has ended (docs/performance.md)."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from gpulayer import Client, JobState
+from tests.conftest import WAIT, Workers
+
+JOBS = 200
+
+
+def _calls(raw_redis: redis.Redis) -> dict[str, int]:
+    return {
+        name.removeprefix("cmdstat_"): stats["calls"]
+        for name, stats in raw_redis.info("commandstats").items()
+    }
+
+
+def _spent(raw_redis: redis.Redis, before: dict[str, int]) -> dict[str, int]:
+    """The commands since ``before``, but for INFO itself."""
+    spent = {name: calls - before.get(name, 0) for name, calls in _calls(raw_redis).items()}
+    spent.pop("info", None)
+    return {name: calls for name, calls in spent.items() if calls}
+
+
+def test_a_short_job_costs_redis_75_commands_in_3_script_calls_and_a_wait_on_it_one_read(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    workers.start("w1", 2)
+    assert client.submit(["true"]).wait(WAIT).state is JobState.SUCCEEDED  # the scripts are loaded
+    before = _calls(raw_redis)
+    jobs = [client.submit(["true"]) for _ in range(JOBS)]
+    polls = 1
+    deadline = time.monotonic() + WAIT
+    while sum(client.ended_counts().values()) < JOBS + 1:  # one HGETALL each
+        assert time.monotonic() < deadline, "the jobs did not end"
+        polls += 1
+        time.sleep(0.01)
+    ran = _spent(raw_redis, before)
+    ran["hgetall"] -= polls
+    # A submit, a claim and an end with the next claim: three script calls per job, and what runs
+    # inside them (the worker's heartbeats and telemetry meanwhile count too).
+    assert ran["evalsha"] <= 3.05 * JOBS, ran
+    assert sum(ran.values()) <= 75 * JOBS, sorted(ran.items(), key=lambda item: -item[1])
+    before = _calls(raw_redis)
+    assert all(job.wait(WAIT).state is JobState.SUCCEEDED for job in jobs)
+    waited = _spent(raw_redis, before)
+    # Each record read once; the done streams read together, ahead of the waits.
+    assert waited["hgetall"] == JOBS, waited
+    assert waited["xread"] <= JOBS / 10, waited
+    assert sum(waited.values()) <= 1.2 * JOBS, waited
