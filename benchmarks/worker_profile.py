@@ -6,8 +6,8 @@ samples it (``--gil``: only what holds the interpreter, that is the worker's own
 waits). Each sample counts for the first part, in the order below, that one of its frames belongs
 to; the worker's CPU per job (from the kernel) is shared out by those counts:
 
-* spawn: the job's process started (``subprocess.Popen``, under the lock that orders spawns and
-  the hunt for strays);
+* spawn: the job's process started (``posix_spawn``, else ``subprocess.Popen``; under the lock
+  that orders spawns and the hunt for strays);
 * end and next claim: ``finish.lua`` and the claim for the freed slot, one round trip;
 * seal check: the job's Ed25519 signature checked (once per batch for ``submit_many``);
 * supervisor: the selector loop that follows every job's output and exit;
