@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import os
 import secrets
@@ -300,17 +301,20 @@ class Client:
         if fail_if_unschedulable:
             self._check_schedulable(first)
         self.flush()
-        ids: list[str] = []
-        for start in range(0, len(specs), SUBMIT_BATCH):
-            batch = specs[start : start + SUBMIT_BATCH]
-            ids += under_new_ids(len(batch), functools.partial(self._submit_batch, batch))
+        ids = under_new_ids(len(specs), functools.partial(self._submit_batches, specs))
         self._ends.submitted(ids)
         return [Job(self, job_id) for job_id in ids]
 
-    def _submit_batch(self, specs: list[JobSpec], ids: dict[int, str]) -> dict[int, str | None]:
-        """Submit ``specs[index]`` under ``ids[index]``, in one round trip; the id each got, or None."""
-        created = self.stores.jobs.submit_many([(job_id, specs[index]) for index, job_id in ids.items()])
-        return dict(zip(ids, created, strict=True))
+    def _submit_batches(self, specs: list[JobSpec], ids: dict[int, str]) -> dict[int, str | None]:
+        """Submit ``specs[index]`` under ``ids[index]``, :data:`SUBMIT_BATCH` per script call, each
+        batch made while Redis runs the one before; the id each got, or None."""
+        indices = list(ids)
+        batches = [
+            [(ids[index], specs[index]) for index in indices[start : start + SUBMIT_BATCH]]
+            for start in range(0, len(indices), SUBMIT_BATCH)
+        ]
+        created = self.stores.jobs.submit_batches(batches)
+        return dict(zip(indices, itertools.chain.from_iterable(created), strict=True))
 
     def _check_schedulable(self, spec: JobSpec) -> None:
         plan = self.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)

@@ -276,6 +276,16 @@ def test_workers_and_clients_carry_on_after_redis_forgets_its_scripts(
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
 
 
+def test_batches_sent_one_after_the_other_to_a_redis_that_lost_its_scripts_are_each_made_once(
+    client: Client, raw_redis: redis.Redis
+) -> None:
+    client.submit_many([["true"]])  # the scripts loaded
+    raw_redis.script_flush()
+    jobs = client.submit_many([["true"]] * 2500)  # three script calls, each sent before the last's reply
+    assert len({job.id for job in jobs}) == 2500
+    assert client.job_counts()[JobState.QUEUED] == 2501
+
+
 def test_a_job_claimed_beside_a_script_redis_lost_is_handed_over_not_dropped(
     client: Client, raw_redis: redis.Redis
 ) -> None:

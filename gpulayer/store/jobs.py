@@ -101,6 +101,19 @@ class JobStore:
         """Create and queue jobs that carry no files and differ only in their command, in one round
         trip, one script call and under one signature: each job's id, or None where the id was taken
         (that job is not created)."""
+        [created] = self.submit_batches([jobs])
+        return created
+
+    def submit_batches(self, batches: Sequence[Sequence[tuple[str, JobSpec]]]) -> list[list[str | None]]:
+        """:meth:`submit_many` for each batch, a script call each, sent one after the other on one
+        connection: each batch is made (dumped, sealed) while Redis runs the one before."""
+        replies = self._scripts.stream(("submit_many", *self._batch_call(jobs)) for jobs in batches)
+        return [
+            [job_id if created else None for (job_id, _), created in zip(jobs, reply, strict=True)]
+            for jobs, reply in zip(batches, replies, strict=True)
+        ]
+
+    def _batch_call(self, jobs: Sequence[tuple[str, JobSpec]]) -> tuple[list[str], list[object]]:
         first = jobs[0][1]
         queue = first.queue
         queue_name = self._keys.queue_for(queue)
@@ -120,8 +133,7 @@ class JobStore:
             jobs, dumps, seal_jobs(self._keyring.signer(), signed), strict=True
         ):
             args.extend((job_id, description(spec.command), dumped, seal))
-        replies = self._scripts.run("submit_many", [self._keys.queue(queue_name)], args)
-        return [job_id if created else None for (job_id, _), created in zip(jobs, replies, strict=True)]
+        return [self._keys.queue(queue_name)], args
 
     def seals(self, jobs: Sequence[tuple[str, JobSpec, dict[str, str]]]) -> list[str]:
         """The seals of jobs (id, spec, file digests) to submit together: one signature for all."""

@@ -7,13 +7,13 @@ redis-py's ``Script`` reloads a script that Redis lost (a restart, ``SCRIPT FLUS
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from typing import Any
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ..models import WORKER_LOST, JobState
 from ..settings import Settings
@@ -123,8 +123,49 @@ class Scripts:
                 raise reply
         return replies
 
+    def stream(self, calls: Iterable[tuple[str, list[str], list[Any]]]) -> list[Any]:
+        """Run the calls (script name, keys, args) in order on one connection, each sent before the
+        reply to the one before it is read: making the next call (``calls`` is read lazily) overlaps
+        Redis running the last. Calls Redis refused for a lost script go again once the scripts are
+        loaded (see :meth:`pipeline`); any other error is raised once every reply is in."""
+        pool = self._redis.connection_pool
+        connection = pool.get_connection()
+        sent: list[tuple[Any, ...]] = []
+        replies: list[Any] = []
+        try:
+            for name, keys, args in calls:
+                sent.append(("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args))
+                connection.send_command(*sent[-1])  # type: ignore[no-untyped-call]
+                if len(sent) > 1:
+                    replies.append(_reply(connection))
+            if sent:
+                replies.append(_reply(connection))
+        except BaseException:
+            # Replies left unread would answer the connection's next user.
+            connection.disconnect()  # type: ignore[no-untyped-call]
+            raise
+        finally:
+            pool.release(connection)
+        refused = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if refused:
+            self._load()
+            for index in refused:
+                replies[index] = self._redis.execute_command(*sent[index])  # type: ignore[no-untyped-call]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
     def _load(self) -> None:
         with self._redis.pipeline(transaction=False) as pipe:
             for script in self._scripts.values():
                 pipe.script_load(script.script)
             pipe.execute()
+
+
+def _reply(connection: Any) -> Any:
+    """The next reply on the connection; an error reply as its exception, not raised."""
+    try:
+        return connection.read_response()
+    except ResponseError as exc:
+        return exc
