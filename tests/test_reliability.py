@@ -167,8 +167,11 @@ def test_a_job_that_leaves_a_daemon_behind_ends_with_it_gone(
 ) -> None:
     workers.start()
     pid_file = tmp_path / "daemon.pid"
-    # Double fork and a new session: the daemon leaves the job's process group and its parent.
-    script = f"(setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' &) ; sleep 0.2"
+    # Double fork and a new session: the daemon leaves the job's process group and its parent. The job
+    # ends once the daemon has said where it is (a fixed sleep was too short on a loaded machine:
+    # the daemon, still in the job's group, went with it before it wrote its pid).
+    daemon_line = f"(setsid sh -c 'echo $$ > {pid_file}; exec sleep 300' &)"
+    script = f"{daemon_line}; until [ -s {pid_file} ]; do sleep 0.02; done"
     record = client.submit(["sh", "-c", script]).wait(30)
     assert record.state is JobState.SUCCEEDED
     daemon = int(pid_file.read_text())
