@@ -331,6 +331,7 @@ QUEUED_FIELDS: list[tuple[str, bytes | None]] = [
     ],
     *[(field, None) for field in ("gl_attempt", "gl_spec", "gl_seal", "origin", "created_at")],
     ("gl_spec", b"x" * 2_000_000),
+    ("gl_score", b"nan"),  # a number to Lua, not to ZADD
 ]  # fmt: skip
 #: Fields of a running job's hash garbled while its worker runs it.
 RUNNING_FIELDS = ["gl_attempt", "gl_attempts", "gl_cpus", "gl_memory", "gl_gpu_uuids", "gl_running_ms",

@@ -125,7 +125,8 @@ local function set_state(id, jobkey, state)
     redis.call('zrem', key(K.jobs_in, old), id)
   end
   -- The job's score in JOBS, kept in its hash by its submit (a job queued before that asks JOBS).
-  local score = tonumber(v[5]) and v[5] or redis.call('zscore', JOBS, id)
+  -- Only digits: a garbled score ("nan") must not fail the script that changes the state.
+  local score = v[5] and string.match(v[5], '^%d+$') or redis.call('zscore', JOBS, id)
   if score then
     redis.call('zadd', key(K.jobs_in, state), score, id)
   end
