@@ -240,20 +240,17 @@ class JobStore:
         of one XREAD per :data:`_SWEEP` jobs). ``block_ms``: when none has, wait up to that long for
         one of the first :data:`_SWEEP`."""
         pipe = self._redis.pipeline(transaction=False)
-        self._sweep(pipe, job_ids, block_ms)
-        return self._swept(job_ids, pipe.execute())
+        streams = self._sweep(pipe, job_ids, block_ms)
+        return _swept(streams, pipe.execute())
 
-    def _sweep(self, pipe: Pipeline, job_ids: Sequence[str], block_ms: int | None = None) -> None:
-        streams = [self._keys.done(job_id) for job_id in job_ids]
+    def _sweep(self, pipe: Pipeline, job_ids: Sequence[str], block_ms: int | None = None) -> dict[str, str]:
+        """Queue the XREADs of the jobs' done streams; each stream's job, to read the replies with."""
+        done = {self._keys.done(job_id): job_id for job_id in job_ids}
+        streams = list(done)
         chunks = [streams[:_SWEEP]] if block_ms is not None else _chunks(streams, _SWEEP)
         for chunk in chunks:
             pipe.xread(dict.fromkeys(chunk, "0-0"), count=1, block=block_ms)
-
-    def _swept(self, job_ids: Sequence[str], replies: list[Any]) -> list[str]:
-        done = {self._keys.done(job_id): job_id for job_id in job_ids}
-        return [
-            done[name.decode()] for reply in replies for name, _ in cast(list[tuple[bytes, Any]], reply or [])
-        ]
+        return done
 
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
@@ -266,9 +263,9 @@ class JobStore:
         pipe = self._redis.pipeline(transaction=False)
         pipe.xread({self._keys.done(job_id): "0-0"}, count=1)
         pipe.hgetall(self._keys.job(job_id))
-        self._sweep(pipe, ahead)
+        streams = self._sweep(pipe, ahead)
         done, raw, *swept = pipe.execute()
-        return bool(done), self._ours(job_id, raw), self._swept(ahead, swept)
+        return bool(done), self._ours(job_id, raw), _swept(streams, swept)
 
     def _ours(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
         if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode(errors="replace")):
@@ -429,6 +426,13 @@ def _parts(text: str) -> list[GangPart]:
     return [
         GangPart(node=node, worker=part["worker"], gpus=_indices(part["gpus"]))
         for node, part in enumerate(json.loads(text))
+    ]
+
+
+def _swept(done: dict[str, str], replies: list[Any]) -> list[str]:
+    """The jobs (by done stream: :meth:`JobStore._sweep`'s) whose streams the XREADs found entries in."""
+    return [
+        done[name.decode()] for reply in replies for name, _ in cast(list[tuple[bytes, Any]], reply or [])
     ]
 
 

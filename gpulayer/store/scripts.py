@@ -109,19 +109,7 @@ class Scripts:
         build(pipe)
         # redis-py's queue of the pipeline's commands, as sent: execute() empties it.
         commands = [args for args, _options in pipe.command_stack]
-        replies: list[Any] = pipe.execute(raise_on_error=False)
-        refused = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if refused:
-            self._load()
-            again = self._redis.pipeline(transaction=False)
-            for index in refused:
-                again.execute_command(*commands[index])  # type: ignore[no-untyped-call]
-            for index, reply in zip(refused, again.execute(raise_on_error=False), strict=True):
-                replies[index] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
+        return self._settled(commands, pipe.execute(raise_on_error=False))
 
     def stream(self, calls: Iterable[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run the calls (script name, keys, args) in order on one connection, each sent before the
@@ -146,11 +134,19 @@ class Scripts:
             raise
         finally:
             pool.release(connection)
+        return self._settled(sent, replies)
+
+    def _settled(self, commands: list[Any], replies: list[Any]) -> list[Any]:
+        """The replies to ``commands``, once those Redis refused for a lost script went again (loaded
+        first; the others already ran, so only those, in one round trip); the first error raised."""
         refused = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if refused:
             self._load()
+            again = self._redis.pipeline(transaction=False)
             for index in refused:
-                replies[index] = self._redis.execute_command(*sent[index])  # type: ignore[no-untyped-call]
+                again.execute_command(*commands[index])  # type: ignore[no-untyped-call]
+            for index, reply in zip(refused, again.execute(raise_on_error=False), strict=True):
+                replies[index] = reply
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
