@@ -19,6 +19,17 @@ local function now_ms()
   return now_read
 end
 
+-- Whether the field, value pairs of ``list`` from index ``first`` on set the field ``name``: what a
+-- submit reads of the hash it writes without asking Redis.
+local function sets_field(list, first, name)
+  for i = first, #list, 2 do
+    if list[i] == name then
+      return true
+    end
+  end
+  return false
+end
+
 -- A worker's name as people know it, from the name RQ knows it by.
 local function display(rq_name)
   return string.sub(rq_name, #PREFIX + 1)
@@ -130,24 +141,22 @@ local function set_state(id, jobkey, state)
   if score then
     redis.call('zadd', key(K.jobs_in, state), score, id)
   end
+  local fields = {'gl_state', state, 'status', RQ_STATUS[state]}
   if v[2] then
-    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
+    redis.call('hset', jobkey, unpack(fields))
     return
   end
-  -- Redis's clock is read only by the changes that are timed; their time goes in the same write.
+  -- Redis's clock is read only by the changes that are timed; a start's time goes in the same write.
   if state == 'queued' then
-    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state], 'gl_queued_ms', now_ms())
+    fields[5], fields[6] = 'gl_queued_ms', now_ms()
   elseif state == 'running' then
-    local now = now_ms()
-    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state], 'gl_running_ms', now)
-    if tonumber(v[3]) then
-      observe(START_LATENCY, START_BUCKETS, now - tonumber(v[3]))
-    end
-  else
-    redis.call('hset', jobkey, 'gl_state', state, 'status', RQ_STATUS[state])
-    if old == 'running' and tonumber(v[4]) then
-      observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
-    end
+    fields[5], fields[6] = 'gl_running_ms', now_ms()
+  end
+  redis.call('hset', jobkey, unpack(fields))
+  if state == 'running' and tonumber(v[3]) then
+    observe(START_LATENCY, START_BUCKETS, now_ms() - tonumber(v[3]))
+  elseif state ~= 'queued' and state ~= 'running' and old == 'running' and tonumber(v[4]) then
+    observe(RUN_TIME, RUN_BUCKETS, now_ms() - tonumber(v[4]))
   end
   if FINAL[state] then
     redis.call('hincrby', ENDED_COUNTS, state, 1)

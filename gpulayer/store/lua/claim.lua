@@ -90,8 +90,7 @@ for q = 7, #ARGV, 5 do
       end
       table.sort(free_indices, function(a, b) return tonumber(a) < tonumber(b) end)
       local indices = table.concat(free_indices, ',')
-      local stored = {row[7], row[3], row[8]}
-      local started = stored[1] == '1'
+      local started = row[7] == '1'
       -- A job with nothing to fetch goes from queued to running in one step, without the state
       -- indexes' hop through scheduled, which it would hold for no time at all; the dashboard
       -- still hears of both.
@@ -111,11 +110,11 @@ for q = 7, #ARGV, 5 do
       redis.call('zadd', key(K.started, queue), '+inf', id .. ':' .. attempt)
       out[#out + 1] = id
       out[#out + 1] = attempt
-      out[#out + 1] = stored[2]
+      out[#out + 1] = row[3]
       out[#out + 1] = queue
       out[#out + 1] = indices
       out[#out + 1] = ''
-      out[#out + 1] = stored[3] or ''
+      out[#out + 1] = row[8] or ''
       out[#out + 1] = started and '1' or ''
       out[#out + 1] = started and redis.call('hgetall', key(K.inputs, id)) or {}
       want = want - 1

@@ -28,11 +28,7 @@ if redis.call('exists', KEYS[3]) == 1 then
   redis.call('rename', KEYS[3], KEYS[4])
   redis.call('persist', KEYS[4])
 end
-local gang = false
-for i = 6, #ARGV, 2 do
-  gang = gang or ARGV[i] == 'gl_nodes'
-end
-if gang then
+if sets_field(ARGV, 6, 'gl_nodes') then
   -- A gang job waits for workers to place it (gang.lua), not in a queue.
   redis.call('zadd', GANGS, ARGV[2], ARGV[1])
   redis.call('publish', GANG_WAKE, ARGV[1])

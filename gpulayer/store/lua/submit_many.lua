@@ -11,10 +11,7 @@ local shared = {}
 for i = 5, 4 + 2 * shared_count do
   shared[#shared + 1] = ARGV[i]
 end
-local gang = false
-for i = 1, #shared, 2 do
-  if shared[i] == 'gl_nodes' then gang = true end
-end
+local gang = sets_field(shared, 1, 'gl_nodes')
 local score = tonumber(ARGV[3])
 local replies = {}
 local queued = 0
