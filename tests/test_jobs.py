@@ -77,8 +77,22 @@ def test_each_job_gets_a_fresh_folder_that_is_removed_afterwards(
     second.wait(30)
     assert first.state is JobState.SUCCEEDED
     assert [line.text for line in second.logs()] == []
-    work = home / "work" / "w1"
-    assert not any(work.iterdir())
+    # What is left are empty folders kept for later jobs, named after none.
+    left = list((home / "work" / "w1").iterdir())
+    assert all(folder.is_dir() and not any(folder.iterdir()) for folder in left)
+    assert not any(job_id in folder.name for folder in left for job_id in (first.id, second.id))
+
+
+def test_a_folder_a_job_left_open_to_all_is_private_again_for_the_next(
+    client: Client, workers: Workers
+) -> None:
+    workers.start(slots=1)
+    opened = client.submit(["sh", "-c", 'chmod 777 . "$GPULAYER_CHECKPOINT_DIR"']).wait(30)
+    assert opened.state is JobState.SUCCEEDED
+    for _ in range(3):  # whichever kept folder the next job gets
+        job = client.submit(["sh", "-c", 'stat -c %a . "$GPULAYER_CHECKPOINT_DIR"'])
+        job.wait(30)
+        assert [line.text for line in job.logs()] == ["700", "700"]
 
 
 def test_the_record_keeps_each_state_timestamp_the_worker_and_the_attempt(

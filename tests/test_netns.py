@@ -74,7 +74,9 @@ def test_a_worker_cut_off_past_its_lease_loses_its_job_and_writes_nothing_after(
         fleet.wait_registered("isolated", isolated)
         script = f'echo "attempt $GPULAYER_ATTEMPT"; sleep 4; echo "attempt $GPULAYER_ATTEMPT" >> {ledger}'
         job = client.submit(["sh", "-c", script], retry_delay=0)
-        wait_for(lambda: job.status().worker == "isolated", what="the job to start in the namespace")
+        # Cut once its first line is in: what it printed before the cut is kept, nothing after.
+        wait_for(lambda: list(job.logs()), what="the job to start in the namespace and print")
+        assert job.status().worker == "isolated"
         assert ip("link", "set", host_link, "down").returncode == 0
         fleet.start("connected", 1, *FAST)
         wait_for(lambda: job.status().worker == "connected", what="the job to move to the connected worker")

@@ -7,6 +7,7 @@ import base64
 import sys
 import zlib
 from collections.abc import Callable
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import redis
 from rq.job import Job as RQJob
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.results import Result
+from rq.utils import utcformat
 from rq.worker import Worker as RQWorker
 
 import gpulayer as gl
@@ -23,6 +25,7 @@ from gpulayer import Client, JobState, Settings
 from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
 from gpulayer.store.keys import Keys
+from gpulayer.store.rq_jobs import format_timestamp, parse_timestamp
 from gpulayer.store.scripts import prelude
 from tests.conftest import Workers, wait_for
 
@@ -269,3 +272,10 @@ def test_the_docs_install_rq_dashboard_with_six_which_it_needs_but_does_not_decl
     text = (Path(__file__).parent.parent / "docs" / "jobs.md").read_text()
     [command] = [line for line in text.split("`") if line.startswith("pip install rq-dashboard")]
     assert "six" in command.split()
+
+
+@pytest.mark.parametrize("micro", [0, 7, 999_999])
+def test_timestamps_are_written_as_rqs_utcformat_writes_them(micro: int) -> None:
+    moment = datetime(2026, 1, 31, 9, 5, 3, micro, tzinfo=timezone.utc)
+    assert format_timestamp(moment) == utcformat(moment)
+    assert parse_timestamp(format_timestamp(moment).encode()) == moment

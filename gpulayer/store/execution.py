@@ -244,14 +244,17 @@ class ExecutionStore:
             f"{seconds:.6f}",
         ]
 
+        calls = [("finish", keys, args)]
+        if then is not None:
+            calls.append(("claim", *self._claim_call(then)))
+
         def build(pipe: Pipeline) -> None:
             if before is not None:
                 before(pipe)
-            self._scripts.queue(pipe, "finish", keys, args)
-            if then is not None:
-                self._scripts.queue(pipe, "claim", *self._claim_call(then))
+            for call in calls:
+                self._scripts.queue(pipe, *call)
 
-        replies = self._scripts.pipeline(build)
+        replies = self._scripts.calls(calls) if before is None else self._scripts.pipeline(build)
         if then is None:
             return _FINISHED[int(replies[-1])], None
         return _FINISHED[int(replies[-2])], _claimed(replies[-1])

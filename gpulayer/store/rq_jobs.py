@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from redis import Redis
 from rq.job import Job
-from rq.utils import now, utcformat
+from rq.utils import now
 
 #: The callable RQ sees. Only a GPUlayer worker runs these jobs; a plain ``rq worker`` that takes
 #: one fails it with the message below instead of running something else.
@@ -30,7 +30,13 @@ def run_on_gpulayer_worker(*args: Any, **kwargs: Any) -> NoReturn:
 
 def timestamp() -> str:
     """Now, in RQ's timestamp format."""
-    return utcformat(now())
+    return format_timestamp(now())
+
+
+def format_timestamp(moment: datetime) -> str:
+    """A UTC time in RQ's timestamp format (``2026-01-31T12:00:00.123456Z``), as RQ's ``utcformat``
+    writes it, without its ``strftime``: twice as fast, and every job's changes write a few."""
+    return moment.isoformat(timespec="microseconds")[:-6] + "Z"
 
 
 def parse_timestamp(raw: bytes | None) -> datetime | None:
@@ -58,7 +64,7 @@ def rq_fields(
     queue_name: str, command: list[str], timeout: float | None, retention: int, created: datetime
 ) -> dict[str, Any]:
     """RQ's fields of a new queued job; GPUlayer's state fields are added by the submit script."""
-    created_text = utcformat(created)
+    created_text = format_timestamp(created)
     return {
         **_template(retention),
         "created_at": created_text,

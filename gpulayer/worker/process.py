@@ -251,9 +251,21 @@ def _children(pid: int, main_thread_only: bool = False) -> set[int]:
     pids: set[int] = set()
     with contextlib.suppress(OSError):
         for task in [str(pid)] if main_thread_only else os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children", "rb") as file:
-                pids.update(int(child) for child in file.read().split())
+            with contextlib.suppress(OSError):
+                pids.update(int(child) for child in _read(f"/proc/{pid}/task/{task}/children").split())
     return pids
+
+
+def _read(path: str) -> bytes:
+    """A small file of /proc, whole (three system calls: a file object makes eight)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = [os.read(fd, 65536)]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 65536))
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def descendants(pid: int) -> list[int]:

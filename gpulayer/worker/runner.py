@@ -9,10 +9,10 @@ through :meth:`JobRunner.stop`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import logging
-import shutil
 import signal
 import threading
 import time
@@ -37,6 +37,7 @@ from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .endings import Ending, StopReason
 from .executors import Executor
+from .folders import Folders
 from .functions import FunctionRuntime
 from .launches import Launch
 from .output import Tracked
@@ -48,6 +49,8 @@ T = TypeVar("T")
 
 #: Seconds between tries of a Redis call while Redis cannot be reached.
 _REDIS_RETRY = 0.5
+#: A runner follows its job's processes itself for this long (s) before the supervisor takes them on.
+FIRST_LOOK = 0.05
 #: A cancelled job's processes (and the other ranks of a node where one failed) get this long (s)
 #: after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
@@ -62,6 +65,7 @@ class Context:
     settings: Settings
     processes: JobProcesses
     supervisor: Supervisor
+    folders: Folders
     #: Seconds a job's lease holds without renewal: how long a runner keeps retrying Redis.
     lease_ttl: float
     #: None on a worker without the key to sign results: it cannot run function jobs.
@@ -129,7 +133,7 @@ class JobRunner:
         folder = self._launch.folder
         try:
             if folder:
-                self.workdir.mkdir(parents=True, mode=0o700)
+                self.context.folders.make(self.workdir)
             if self.spec.function is None:
                 files.fetch_inputs(self)
             if folder:
@@ -144,8 +148,8 @@ class JobRunner:
         finally:
             # Before the job ends: its slot is not free until its folders are gone.
             if folder:
-                _remove(self.workdir)
-                _remove(self._checkpoint_dir)
+                self.context.folders.remove(self.workdir)
+                self.context.folders.remove(self._checkpoint_dir)
         if ending is not None:
             self.ending = True
             self._end(ending, time.monotonic() - started)
@@ -196,7 +200,7 @@ class JobRunner:
         """The job's checkpoint folder: filled with what an earlier attempt kept, and kept while the
         job runs (node 0's, for a gang job)."""
         folder = self._checkpoint_dir
-        folder.mkdir(mode=0o700)
+        self.context.folders.make(folder)
         if self.claim.part is None or self.claim.part.node == 0:
             self._checkpoints = CheckpointKeeper(
                 folder,
@@ -213,7 +217,7 @@ class JobRunner:
         self.processes.hand_over(folder)
         return folder
 
-    @property
+    @functools.cached_property
     def _checkpoint_dir(self) -> Path:
         """Beside the job's folder, not in it: a listing or an output pattern of the job's own files
         does not meet it (the worker's leftovers sweep does: same suffix)."""
@@ -250,7 +254,8 @@ class JobRunner:
             stopping=lambda: self._stop is not None,
         )
         try:
-            self.context.supervisor.follow(watch)
+            timeout = self.spec.timeout or FIRST_LOOK
+            self.context.supervisor.follow(watch, first=min(FIRST_LOOK, timeout))
             self._oversee(watch)
         except BaseException:
             # The worker cannot follow the job any more (Redis gone, a bug): it must not run on unseen.
@@ -350,17 +355,18 @@ class JobRunner:
         )
         if claimed is not None:
             self.context.took(claimed)
-        said = f"{state.value}{f': {reason}' if reason else ''} ({seconds:.3f} s)"
-        if finished == "ended":
-            log.info("job %s: %s", self.job_id, said)
-        elif finished == "retry":
-            log.info("job %s: attempt %d %s; it will run again", self.job_id, self.claim.attempt, said)
-        else:
+        if finished == "lost":
             log.warning(
                 "job %s: attempt %d lost the job before it ended; its result is dropped",
                 self.job_id,
                 self.claim.attempt,
             )
+        elif log.isEnabledFor(logging.INFO):  # a busy worker logs at WARNING: spare the formatting
+            said = f"{state.value}{f': {reason}' if reason else ''} ({seconds:.3f} s)"
+            if finished == "ended":
+                log.info("job %s: %s", self.job_id, said)
+            else:
+                log.info("job %s: attempt %d %s; it will run again", self.job_id, self.claim.attempt, said)
 
     def _stage(self, result: tuple[str, bytes]) -> Callable[[Pipeline], object]:
         """Queue a function's result, signed for the job users know and this attempt only."""
@@ -405,13 +411,6 @@ def persist(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **k
             if now >= deadline:
                 raise
             time.sleep(_REDIS_RETRY)
-
-
-def _remove(folder: Path) -> None:
-    try:
-        folder.rmdir()  # the common case of a job that left nothing behind, at a fraction of rmtree's cost
-    except OSError:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _shell_code(returncode: int) -> int:

@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import Protocol
 
 _SETSIGDEF, _SETSIGMASK, _SETSID = 0x04, 0x08, 0x80
 #: SIGCANCEL and SIGSETXID, below SIGRTMIN.
@@ -43,17 +43,23 @@ _NEEDED = (
 )
 
 
-def _glibc() -> ctypes.CDLL | None:
+def _glibc() -> tuple[ctypes.PyDLL, ctypes.CDLL] | None:
+    """glibc twice: its functions called with the GIL held (those that only fill in a structure: letting
+    go of the GIL around each would hand it to another thread a dozen times per job), and called
+    without it (``posix_spawn``, which waits for the child's exec)."""
     if not sys.platform.startswith("linux"):
         return None
+    name = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        held, released = ctypes.PyDLL(name, use_errno=True), ctypes.CDLL(name, use_errno=True)
     except OSError:
         return None
-    return libc if all(hasattr(libc, name) for name in _NEEDED) else None
+    return (held, released) if all(hasattr(held, name) for name in _NEEDED) else None
 
 
-_libc = _glibc()
+_loaded = _glibc()
+_libc = _loaded[0] if _loaded else None
+_posix_spawn = _loaded[1].posix_spawn if _loaded else None
 #: Whether jobs can be started this way here.
 AVAILABLE = _libc is not None
 
@@ -84,26 +90,48 @@ def _attributes() -> ctypes.Array[ctypes.c_uint64] | None:
 _ATTRIBUTES = _attributes()
 
 
+class Stream(Protocol):
+    """The worker's end of a job's output: all the supervisor uses of it."""
+
+    def fileno(self) -> int: ...
+    def close(self) -> None: ...
+
+
 class Started(Protocol):
     """A job's process, however it was started (``subprocess.Popen`` or :class:`Spawned`)."""
 
     @property
     def pid(self) -> int: ...
     @property
-    def stdout(self) -> IO[bytes] | None: ...
+    def stdout(self) -> Stream | None: ...
     @property
-    def stderr(self) -> IO[bytes] | None: ...
+    def stderr(self) -> Stream | None: ...
     def poll(self) -> int | None: ...
     def wait(self) -> int: ...
+
+
+class PipeEnd:
+    """A pipe's reading end as a :class:`Stream` (a file object would cost a system call to make)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class Spawned:
     """A process :func:`spawn` started: as much of ``subprocess.Popen`` as the worker uses."""
 
-    def __init__(self, pid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+    def __init__(self, pid: int, stdout: Stream, stderr: Stream) -> None:
         self.pid = pid
-        self.stdout: IO[bytes] | None = stdout
-        self.stderr: IO[bytes] | None = stderr
+        self.stdout: Stream | None = stdout
+        self.stderr: Stream | None = stderr
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
@@ -165,11 +193,12 @@ def spawn(path: str, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> 
                 os.close(own_end)
     if pid is None:
         return None
-    return Spawned(pid, open(out_read, "rb", buffering=0), open(err_read, "rb", buffering=0))
+    return Spawned(pid, PipeEnd(out_read), PipeEnd(err_read))
 
 
 def _start(path: str, args: list[bytes], variables: list[bytes], cwd: Path, stdout: int, stderr: int) -> int:
     assert _libc is not None, "posix_spawn is not available here"
+    assert _posix_spawn is not None
     actions = _opaque()
     _done(_libc.posix_spawn_file_actions_init(actions), "file actions")
     try:
@@ -179,7 +208,7 @@ def _start(path: str, args: list[bytes], variables: list[bytes], cwd: Path, stdo
         _done(_libc.posix_spawn_file_actions_addchdir_np(actions, os.fsencode(cwd)), str(cwd))
         _done(_libc.posix_spawn_file_actions_addclosefrom_np(actions, 3), "closefrom")
         pid = ctypes.c_int()
-        error = _libc.posix_spawn(
+        error = _posix_spawn(
             ctypes.byref(pid),
             os.fsencode(path),
             actions,

@@ -3,7 +3,10 @@ executor's reply, all in one selector loop. Each turn's log lines, of all jobs, 
 round trip.
 
 A job's runner hands its processes over with :meth:`Supervisor.follow` and waits on the returned
-:class:`Watch`; the policy (timeouts, stops, kill graces, checkpoints) stays with the runner.
+:class:`Watch`; the policy (timeouts, stops, kill graces, checkpoints) stays with the runner. The
+thread that started a job follows it itself for its first moments (``first``), the same way: most
+short jobs end before that, and are spared the hand-over to the supervisor and back (two thread
+wake-ups, a dozen system calls).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import selectors
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from ..store.execution import Claim
@@ -82,8 +85,9 @@ class Watch:
             assert one.process.stderr is not None
             selector.register(one.process.stdout, selectors.EVENT_READ, (self, one, "stdout"))
             selector.register(one.process.stderr, selectors.EVENT_READ, (self, one, "stderr"))
-            one.notifier = exit_notifier(one.pid)
-            if one.notifier is not None:
+            if one.notifier is None and one.exited_at is None:  # else opened by an earlier follower
+                one.notifier = exit_notifier(one.pid)
+            if one.notifier is not None and one.exited_at is None:
                 selector.register(one.notifier, selectors.EVENT_READ, (self, one, "exit"))
         if self.replies is not None:
             selector.register(self.replies.fileno(), selectors.EVENT_READ, (self, None, "reply"))
@@ -151,12 +155,16 @@ class Watch:
                 if other.exited_at is None:
                     signal_tree(other.pid, signal.SIGTERM)
 
-    def close_in(self, selector: selectors.BaseSelector) -> None:
-        """Stop watching: each of its files in the selector, each pidfd and (not for an executor,
-        which serves the next job) each process's output."""
+    def leave(self, selector: selectors.BaseSelector) -> None:
+        """Take its files out of the selector (another follower takes it on)."""
         for key in list(selector.get_map().values()):
             if key.data[0] is self:
                 selector.unregister(key.fileobj)
+
+    def close_in(self, selector: selectors.BaseSelector) -> None:
+        """Stop watching: each of its files in the selector, each pidfd and (not for an executor,
+        which serves the next job) each process's output."""
+        self.leave(selector)
         for one in self.tracked:
             if one.notifier is not None:
                 with contextlib.suppress(OSError):
@@ -169,83 +177,39 @@ class Watch:
                 one.process.stderr.close()
 
 
-class Supervisor:
-    """Follows every job process of one worker in one thread, started with the first job."""
+class Follower:
+    """Watches in one selector, turned: what is ready is read, exits no pidfd announced are looked
+    for, every watch's new lines go to Redis in one round trip, and finished watches are let go of."""
 
-    def __init__(self, write: Writer) -> None:
+    def __init__(self, write: Writer, selector: selectors.BaseSelector) -> None:
         self._write = write
-        self._lock = threading.Lock()
-        self._arrivals: list[Watch] = []
-        self._watches: list[Watch] = []
-        self._thread: threading.Thread | None = None
-        self._closing = False
-        self._selector = selectors.DefaultSelector()
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_read, False)
-        self._selector.register(self._wake_read, selectors.EVENT_READ, (None, None, "wake"))
+        self.selector = selector
+        self.watches: list[Watch] = []
 
-    def follow(self, watch: Watch) -> Watch:
-        """Follow ``watch``'s processes from now on; its ``done`` is set once they are seen through."""
-        with self._lock:
-            if self._closing:
-                raise RuntimeError("the worker's supervisor has stopped")
-            self._arrivals.append(watch)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="gpulayer-supervisor", daemon=True)
-                self._thread.start()
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_write, b".")
-        return watch
+    def add(self, watch: Watch) -> None:
+        self.watches.append(watch)
+        watch.register(self.selector)
 
-    def close(self) -> None:
-        """Stop once the jobs it follows are seen through (the worker's slots are drained first)."""
-        with self._lock:
-            self._closing = True
-            thread = self._thread
-        os.write(self._wake_write, b".")
-        if thread is not None:
-            thread.join()
-        self._selector.close()
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                arrived, self._arrivals = self._arrivals, []
-                if self._closing and not self._watches and not arrived:
-                    return
-            try:
-                for watch in arrived:
-                    self._watches.append(watch)
-                    watch.register(self._selector)
-                self._turn()
-            except Exception as exc:  # a bug must not leave jobs running unseen
-                log.exception("the worker's supervisor failed; stopping the jobs it followed")
-                for watch in self._watches:
-                    watch.error = exc
-                    watch.kill()
-                self._finish(list(self._watches))
-
-    def _turn(self) -> None:
+    def turn(self, longest: float = TICK) -> None:
+        """One turn, waiting at most ``longest`` for something to happen."""
         now = time.monotonic()
-        timeout = min((watch.due(now) for watch in self._watches), default=TICK)
-        for key, _ in self._selector.select(timeout):
+        timeout = min((watch.due(now) for watch in self.watches), default=longest)
+        for key, _ in self.selector.select(min(timeout, longest)):
             watch, one, what = key.data
-            if watch is None:
+            if watch is None:  # the supervisor's wake-up
                 with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_read, 4096)
+                    os.read(key.fd, 4096)
                 continue
-            watch.ready(self._selector, key, one, what)
+            watch.ready(self.selector, key, one, what)
         now = time.monotonic()
-        for watch in self._watches:
+        for watch in self.watches:
             watch.look(now)
-        self._flush(self._watches)
-        self._finish([watch for watch in self._watches if watch.finished])
+        self._flush()
+        self.finish([watch for watch in self.watches if watch.finished])
 
-    def _flush(self, watches: Iterable[Watch]) -> None:
+    def _flush(self) -> None:
         """Every job's new lines in one round trip; a job no longer its attempt's is stopped."""
-        batch = [watch for watch in watches if watch.lines]
+        batch = [watch for watch in self.watches if watch.lines]
         if not batch:
             return
         try:
@@ -260,8 +224,88 @@ class Supervisor:
             if not ours:
                 watch.on_stale()
 
-    def _finish(self, finished: list[Watch]) -> None:
+    def finish(self, finished: list[Watch]) -> None:
         for watch in finished:
-            watch.close_in(self._selector)
-            self._watches.remove(watch)
+            watch.close_in(self.selector)
+            self.watches.remove(watch)
             watch.done.set()
+
+
+class Supervisor:
+    """Follows every job process of one worker in one thread, started with the first job handed to it."""
+
+    def __init__(self, write: Writer) -> None:
+        self._write = write
+        self._lock = threading.Lock()
+        self._arrivals: list[Watch] = []
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._follower = Follower(write, selectors.DefaultSelector())
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        self._follower.selector.register(self._wake_read, selectors.EVENT_READ, (None, None, "wake"))
+
+    def follow(self, watch: Watch, first: float = 0.0) -> Watch:
+        """Follow ``watch``'s processes to their end: for up to ``first`` seconds from the calling
+        thread, then, unless they ended, from the supervisor's; ``done`` is set once they are seen
+        through."""
+        if first > 0 and self._first(watch, first):
+            return watch
+        with self._lock:
+            if self._closing:
+                raise RuntimeError("the worker's supervisor has stopped")
+            self._arrivals.append(watch)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="gpulayer-supervisor", daemon=True)
+                self._thread.start()
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_write, b".")
+        return watch
+
+    def _first(self, watch: Watch, seconds: float) -> bool:
+        """Follow ``watch`` from this thread for up to ``seconds``: whether it was seen through."""
+        # poll() takes its files with each call: no system call to add or remove them.
+        follower = Follower(self._write, selectors.PollSelector())
+        follower.add(watch)
+        deadline = time.monotonic() + seconds
+        try:
+            while not watch.done.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    watch.leave(follower.selector)
+                    return False
+                follower.turn(left)
+        except BaseException:
+            follower.finish([watch])  # its files closed: it is not handed over
+            raise
+        return True
+
+    def close(self) -> None:
+        """Stop once the jobs it follows are seen through (the worker's slots are drained first)."""
+        with self._lock:
+            self._closing = True
+            thread = self._thread
+        os.write(self._wake_write, b".")
+        if thread is not None:
+            thread.join()
+        self._follower.selector.close()
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+    def _loop(self) -> None:
+        follower = self._follower
+        while True:
+            with self._lock:
+                arrived, self._arrivals = self._arrivals, []
+                if self._closing and not follower.watches and not arrived:
+                    return
+            try:
+                for watch in arrived:
+                    follower.add(watch)
+                follower.turn()
+            except Exception as exc:  # a bug must not leave jobs running unseen
+                log.exception("the worker's supervisor failed; stopping the jobs it followed")
+                for watch in follower.watches:
+                    watch.error = exc
+                    watch.kill()
+                follower.finish(list(follower.watches))

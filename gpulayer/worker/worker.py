@@ -54,6 +54,7 @@ from ..store.workers import Holder
 from .calling import CallLaunch
 from .endings import StopReason
 from .executors import ExecutorPool
+from .folders import Folders
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
 from .identity import RunAs, job_area, private_to
@@ -167,12 +168,15 @@ class Worker(BaseWorker):
         if area:
             self._bundles.mkdir(mode=0o755, exist_ok=True)  # the job user imports from it
         processes = JobProcesses(run_as, private_to(run_as, area / "home") if run_as and area else None)
+        # Two folders per job (its own and its checkpoints'); a job run as another user owns its own.
+        folders = Folders(self.workdir, JOB_FOLDER_SUFFIX, reuse=run_as is None, keep=2 * self.capacity)
         return Context(
             self.store,
             self._stores.artifacts,
             settings,
             processes,
             Supervisor(self._write_logs),
+            folders,
             self.lease_ttl,
             self._functions(settings, processes, keyring),
             self._next_claim,
@@ -320,6 +324,8 @@ class Worker(BaseWorker):
         """Serve each new queue whose requirements this worker could ever meet, if a look is due.
         Whichever claims next looks first: the main loop, or a slot claiming as its job ends (a full
         worker's main loop may not wake before the slot's next claim)."""
+        if not self._served.due:
+            return  # checked again under the lock: two threads may both find it due
         with self._refreshing:
             if not self._served.due or not self._served.update(self.store.queue_registry):
                 return
@@ -507,7 +513,7 @@ class Worker(BaseWorker):
             self._runners[job.job_id] = runner
         if self.get_state() != WorkerStatus.BUSY:
             self.set_state(WorkerStatus.BUSY)
-        log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
+        log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, _Joined(spec.command))
         return runner
 
     def _launch(self, job: Claim, spec: JobSpec) -> Launch:
@@ -683,9 +689,20 @@ class Worker(BaseWorker):
         self._pool.shutdown(wait=True)
         self._give_back_claimed()  # what a job's end claimed before it saw the stop
         self._context.supervisor.close()
+        self._context.folders.close()
         if self._context.functions is not None:
             self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+class _Joined:
+    """A command's words as a log line shows them, joined only if the line is written."""
+
+    def __init__(self, words: list[str]) -> None:
+        self.words = words
+
+    def __str__(self) -> str:
+        return " ".join(self.words)
 
 
 def _alive(holder: Holder, host: str) -> bool:
