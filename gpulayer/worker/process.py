@@ -179,6 +179,9 @@ class JobProcesses:
 
     def __init__(self, run_as: RunAs | None = None, home: Path | None = None) -> None:
         self._lock = threading.Lock()
+        #: Notified as each start in progress is over (its process, if any, is then a leader).
+        self._started = threading.Condition(self._lock)
+        self._starting = 0
         self._leaders: set[int] = set()
         self.run_as = run_as
         self._options = run_as.popen_options() if run_as else {}
@@ -196,7 +199,12 @@ class JobProcesses:
         env = {**env, **self._identity}
         # A job run as another user finds its program with that user's rights: by its own search.
         where = None if self.run_as else self._programs.find(command[0], env.get("PATH", ""))
+        # Not under the lock: a start waits for the child's exec (a millisecond), and the worker's
+        # other jobs start, end and are cleaned up meanwhile. Only the hunt for strays waits for it.
         with self._lock:
+            self._starting += 1
+        process = None
+        try:
             try:
                 process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, where)
             except FileNotFoundError:
@@ -204,7 +212,12 @@ class JobProcesses:
                     raise
                 self._programs.forget()  # it moved since it was found: look the usual way
                 process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options)
-            self._leaders.add(process.pid)
+        finally:
+            with self._lock:
+                if process is not None:
+                    self._leaders.add(process.pid)
+                self._starting -= 1
+                self._started.notify_all()
         return process
 
     def reading(self) -> contextlib.AbstractContextManager[None]:
@@ -227,6 +240,8 @@ class JobProcesses:
         job left running, re-parented here (see :func:`become_subreaper`). Returns how many."""
         killed = 0
         with self._lock:
+            # A process just started, not yet a leader, would pass for a stray.
+            self._started.wait_for(lambda: not self._starting)
             # An orphan is handed to the subreaper's main thread: only its children need a look.
             for pid in _children(os.getpid(), main_thread_only=True) - self._leaders:
                 try:
