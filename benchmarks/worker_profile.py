@@ -1,25 +1,28 @@
-"""Where a worker's CPU goes for one short job: a sampled profile by part of the job's path.
+"""Where a worker's CPU goes for one short job: each part of a job's path, timed by the CPU clock of
+the thread that runs it.
 
-One worker with two slots runs N command jobs of `true` (submitted with ``submit_many``, then
-waited on; ``--single``: submitted one by one, each with its own signature to check), while py-spy
-samples it (``--gil``: only what holds the interpreter, that is the worker's own CPU, not its
-waits). Each sample counts for the first part, in the order below, that one of its frames belongs
-to; the worker's CPU per job (from the kernel) is shared out by those counts:
+One worker with two slots runs N command jobs of `true` (submitted with ``submit_many``, then waited
+on; ``--single``: submitted one by one, each with its own signature to check). The worker runs as
+``benchmarks/_timed_worker.py``: the functions of each part count the CPU time their thread spends in
+them (``time.thread_time``), less their timed callees'; waits (a lock, the GIL, Redis, the child's
+exec) count nothing. A sampling profiler counts them: py-spy, which this used before, put a slot
+waiting for the lock that ordered spawns among the worker's busiest lines. The parts:
 
-* spawn: the job's process started (``posix_spawn``, else ``subprocess.Popen``; under the lock
-  that orders spawns and the hunt for strays);
-* end and next claim: ``finish.lua`` and the claim for the freed slot, one round trip;
 * seal check: the job's Ed25519 signature checked (once per batch for ``submit_many``);
-* supervisor: the selector loop that follows every job's output and exit;
-* folders: the job's folder and checkpoint folder made and removed;
-* strays: looking for processes the job left behind;
-* claim loop: the worker's main loop (claims while idle, starts each claimed job);
-* leases and telemetry: the heartbeat thread, the telemetry reporter;
-* thread hand-offs: a job passed to its slot thread, a slot thread woken by the supervisor;
-* the rest: everything else (threads handing work over, records, logging).
+* job record and runner: the claim's record read and a runner made for it;
+* folders: the job's folder and its checkpoint folder made and taken away;
+* spawn: the job's process started (``posix_spawn``, else ``subprocess.Popen``);
+* following its processes: their output and exit, by the slot for their first moments, then by the
+  worker's supervisor thread (its own thread's time is in "other threads");
+* reap and strays: the exit status collected, and processes the job left behind looked for;
+* checkpoint folder: kept while the job runs, and once more at its end;
+* end and next claim: ``finish.lua`` and the claim for the freed slot, one round trip;
+* the rest of the slot: everything else a slot thread does (the runner's own steps);
+* other threads: the worker's CPU outside its slots (its main loop, pub/sub listener, heartbeats,
+  telemetry, supervisor).
 
-py-spy is installed in the benchmark's environment (``pip install -r benchmarks/requirements.txt``)
-and needs to be allowed to read the worker's memory (ptrace).
+The timing itself costs two clock reads per timed call (a system call each): its total is the
+worker's CPU with the timing, so it reads a little above an untimed worker's.
 
     python benchmarks/worker_profile.py [--jobs 3000] [--single]
 """
@@ -27,79 +30,42 @@ and needs to be allowed to read the worker's memory (ptrace).
 from __future__ import annotations
 
 import argparse
-import shutil
-import signal
-import subprocess
-import sys
+import json
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 import psutil
-from _common import gpulayer_worker, private_installation, save, spawn, stop
+from _common import HERE, gpulayer_worker, private_installation, python, save, spawn, stop
 
 from gpulayer import Client, JobState, Settings
 
-#: Each part, as the frames (function names py-spy reports) that make it up, first match wins.
-PARTS = {
-    "spawn": ("JobProcesses.spawn",),
-    "end and next claim": ("ExecutionStore.finish",),
-    "seal check": ("check_job",),
-    "supervisor": ("Supervisor._turn",),
-    "folders": ("_remove", "mkdir"),
-    "strays": ("kill_strays",),
-    "claim loop": ("dequeue_job_and_maintain_ttl",),
-    "leases and telemetry": ("LeaseKeeper", "TelemetryReporter"),
-    "thread hand-offs": ("ThreadPoolExecutor.submit", "Condition.notify", "Event.set", "Condition.wait"),
-}
 
-
-def _py_spy() -> str:
-    beside = Path(sys.executable).with_name("py-spy")
-    found = str(beside) if beside.exists() else shutil.which("py-spy")
-    if found is None:
-        raise SystemExit("py-spy is not installed: pip install -r benchmarks/requirements.txt")
-    return found
-
-
-def sample(jobs: int, single: bool, folder: Path) -> tuple[Counter[str], float]:
-    """The samples of each part, and the worker's CPU per job (ms)."""
+def measure(jobs: int, single: bool, folder: Path) -> tuple[dict[str, float], float]:
+    """Each part's CPU per job (ms), and the worker's whole CPU per job (ms)."""
+    totals = folder / "parts.json"
     with private_installation() as (url, home):
         client = Client(url, settings=Settings(home=home))
-        worker = spawn(gpulayer_worker(url, "profiled", 2), env={"GPULAYER_HOME": str(home)})
+        command = gpulayer_worker(url, "profiled", 2)
+        worker = spawn(
+            [python(), str(HERE / "_timed_worker.py"), str(totals), *command[3:]],
+            env={"GPULAYER_HOME": str(home)},
+        )
         while not client.workers():
             time.sleep(0.01)
         assert client.submit(["true"]).wait(60).state is JobState.SUCCEEDED  # warm: its first job
-        raw = folder / "samples.txt"
-        record = ["record", "--pid", str(worker.pid), "--gil", "--rate", "500", "--nonblocking"]
-        spy = subprocess.Popen(
-            [_py_spy(), *record, "--format", "raw", "--output", str(raw)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        time.sleep(1.0)  # py-spy attaches
         meter = psutil.Process(worker.pid)
         before = sum(meter.cpu_times()[:2])
-        handles = (
-            [client.submit(["true"]) for _ in range(jobs)]
-            if single
-            else client.submit_many([["true"]] * jobs)
-        )
+        commands = [["true"]] * jobs
+        handles = [client.submit(command) for command in commands] if single else client.submit_many(commands)
         assert all(record.state is JobState.SUCCEEDED for record in client.wait_all(handles, timeout=600))
         cpu_ms = (sum(meter.cpu_times()[:2]) - before) / jobs * 1000
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
         stop(worker)
         client.close()
-    counts: Counter[str] = Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        part = next(
-            (name for name, frames in PARTS.items() if any(frame in stack for frame in frames)), "the rest"
-        )
-        counts[part] += int(count)
-    return counts, cpu_ms
+    timed = json.loads(totals.read_text())
+    parts = {part: seconds / (jobs + 1) * 1000 for part, (seconds, _) in timed.items()}  # +1: the warm job
+    parts["other threads"] = max(cpu_ms - sum(parts.values()), 0.0)
+    return parts, cpu_ms
 
 
 def main() -> None:
@@ -108,14 +74,12 @@ def main() -> None:
     parser.add_argument("--single", action="store_true", help="submit in a loop: a signature per job")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
-        counts, cpu_ms = sample(args.jobs, args.single, Path(scratch))
-    total = sum(counts.values())
-    parts = {part: counts[part] / total * cpu_ms for part in [*PARTS, "the rest"]}
+        parts, cpu_ms = measure(args.jobs, args.single, Path(scratch))
     how = "one by one" if args.single else "with submit_many"
     print(f"{args.jobs} jobs of `true` on one worker with 2 slots, submitted {how}")
-    print(f"the worker's CPU: {cpu_ms:.2f} ms per job ({total} samples), by part:")
-    for part, ms in parts.items():
-        print(f"  {part:22} {ms:6.3f} ms  {ms / cpu_ms * 100:5.1f} %")
+    print(f"the worker's CPU: {cpu_ms:.3f} ms per job (timed), by part:")
+    for part, ms in sorted(parts.items(), key=lambda item: -item[1]):
+        print(f"  {part:26} {ms:6.3f} ms  {ms / cpu_ms * 100:5.1f} %")
     result = {"jobs": args.jobs, "single": args.single, "worker_cpu_ms_per_job": cpu_ms, "parts_ms": parts}
     path = save("worker_profile_single" if args.single else "worker_profile", result)
     print(f"\nsaved {path}")

@@ -7,6 +7,7 @@ attempt still owns the job, so a worker that lost a job cannot overwrite what ha
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Literal, cast
@@ -81,8 +82,10 @@ class QueueOffer:
     #: (uuid, index) of each GPU a job of this queue may use.
     eligible: tuple[tuple[str, int], ...] = ()
 
-    def args(self) -> list[object]:
-        return [self.name, self.gpus, self.cpus, self.memory, gpu_list(self.eligible)]
+    @functools.cached_property
+    def args(self) -> tuple[object, ...]:
+        """As the claim script reads it (made once: every claim of a job's end sends it)."""
+        return (self.name, self.gpus, self.cpus, self.memory, gpu_list(self.eligible))
 
 
 def gpu_list(gpus: Iterable[tuple[str, int]]) -> str:
@@ -115,6 +118,13 @@ class ExecutionStore:
         self._jobs_key = keys.worker_jobs(worker)
         self._worker_key = keys.rq_worker(worker)
         self._usage_key = keys.worker_usage(worker)
+        self._claim_keys = [
+            keys.rq_suspended,
+            self._jobs_key,
+            self._usage_key,
+            keys.worker_gang(worker),
+            keys.held(worker),
+        ]
 
     def claim(self, request: ClaimRequest) -> Claimed:
         """Take the parts of gang jobs placed on this worker, and up to ``request.limit`` queued jobs
@@ -123,13 +133,6 @@ class ExecutionStore:
         return _claimed(self._scripts.run("claim", *self._claim_call(request)))
 
     def _claim_call(self, request: ClaimRequest) -> tuple[list[str], list[object]]:
-        keys = [
-            self._keys.rq_suspended,
-            self._jobs_key,
-            self._usage_key,
-            self._keys.worker_gang(self.worker),
-            self._keys.held(self.worker),
-        ]
         args: list[object] = [
             request.limit,
             self.rq_name,
@@ -139,8 +142,8 @@ class ExecutionStore:
             request.lease_ms,
         ]
         for queue in request.queues:
-            args.extend(queue.args())
-        return keys, args
+            args.extend(queue.args)
+        return self._claim_keys, args
 
     def queue_registry(self) -> dict[str, QueueSpec]:
         """Every queue that has had a job, with what its jobs ask for."""

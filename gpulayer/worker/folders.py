@@ -26,10 +26,10 @@ class Folders:
     to ``keep`` empty ones for later jobs."""
 
     def __init__(self, root: Path, suffix: str, *, reuse: bool, keep: int) -> None:
-        self._root = root
+        self._root = str(root)
         self._suffix = suffix
         self._keep = keep if reuse else 0
-        self._spares: list[Path] = []
+        self._spares: list[str] = []
         self._names = itertools.count()
         self._lock = threading.Lock()
 
@@ -42,13 +42,13 @@ class Folders:
                 os.rename(spare, path)
                 return
             except OSError:
-                remove(spare)
+                remove(Path(spare))
         path.mkdir(parents=True, mode=0o700)
 
     def remove(self, path: Path) -> None:
         """Take a job's folder away: kept for a later job if it is empty, else removed with all in it."""
         if len(self._spares) < self._keep and _emptied(path):
-            spare = self._root / (SPARE.format(next(self._names)) + self._suffix)
+            spare = os.path.join(self._root, SPARE.format(next(self._names)) + self._suffix)
             try:
                 os.rename(path, spare)
             except OSError:
@@ -64,7 +64,7 @@ class Folders:
         with self._lock:
             spares, self._spares = self._spares, []
         for spare in spares:
-            remove(spare)
+            remove(Path(spare))
 
 
 def _emptied(path: Path) -> bool:
