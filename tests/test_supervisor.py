@@ -9,18 +9,18 @@ from gpulayer.models import JobState
 from .conftest import Workers
 
 LINES = 200
-#: Each job prints LINES numbered lines on each stream, interleaved, then exits with its code.
+#: Each job prints LINES numbered lines on each stream, interleaved, then exits with its code. Half
+#: way it pauses past the slot's first look: its slot reads the first half, the supervisor the rest.
 CHATTY = (
-    'i=0; while [ "$i" -lt {lines} ]; do echo "out $i"; echo "err $i" >&2; i=$((i + 1)); done; exit {code}'
+    'i=0; while [ "$i" -lt {lines} ]; do echo "out $i"; echo "err $i" >&2; i=$((i + 1));'
+    ' if [ "$i" -eq {half} ]; then sleep 0.1; fi; done; exit {code}'
 )
 
 
 def test_no_exit_and_no_line_is_lost_among_many_jobs(client: Client, workers: Workers) -> None:
     workers.start("w1", 6, "--lease-ttl", "2", "--heartbeat", "0.4")
-    jobs = [
-        (client.submit(["sh", "-c", CHATTY.format(lines=LINES, code=n % 4)], retries=0), n % 4)
-        for n in range(36)
-    ]
+    scripts = [(CHATTY.format(lines=LINES, half=LINES // 2, code=n % 4), n % 4) for n in range(36)]
+    jobs = [(client.submit(["sh", "-c", script], retries=0), code) for script, code in scripts]
     records = {record.id: record for record in client.wait_all([job for job, _ in jobs], timeout=120)}
     for job, code in jobs:
         record = records[job.id]
@@ -37,7 +37,7 @@ def test_a_long_job_keeps_its_lease_while_short_ones_churn(client: Client, worke
     # Leases of a second, renewed every 0.3 s: a renewal missed for a second shows as a second attempt.
     workers.start("w1", 4, "--lease-ttl", "1", "--heartbeat", "0.3")
     long = client.submit(["sh", "-c", "sleep 4; echo done"], retries=1)
-    churn = [client.submit(["sh", "-c", CHATTY.format(lines=50, code=0)]) for _ in range(120)]
+    churn = [client.submit(["sh", "-c", CHATTY.format(lines=50, half=25, code=0)]) for _ in range(120)]
     assert all(record.state is JobState.SUCCEEDED for record in client.wait_all(churn, timeout=120))
     record = long.wait(timeout=60)
     assert record.state is JobState.SUCCEEDED

@@ -133,7 +133,6 @@ class Worker(BaseWorker):
         self._listener: Listener | None = None
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
-        self._fault = os.environ.get(FAULT_VARIABLE)
         self._submitted = False
         self._drained = False  # the last claim took fewer jobs than it asked for: see _try_claim
         self.store = stores.execution(name)
@@ -476,7 +475,7 @@ class Worker(BaseWorker):
         wakes; a runner's claim for its own slot is started by that slot's thread once its job is over."""
         claims, self._gangs = claimed
         self._drained = len(claims) < wanted
-        if claims and self._fault == "exit-after-claim":
+        if claims and os.environ.get(FAULT_VARIABLE) == "exit-after-claim":
             os._exit(9)
         if claims:
             with self._lock:
