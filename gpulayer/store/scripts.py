@@ -1,7 +1,8 @@
 """The Lua scripts, each its own file in ``lua/``, loaded once per client and called by SHA.
 
 Each script runs after a generated prelude (key templates, state names, limits) and ``_lib.lua``.
-redis-py's ``Script`` reloads a script that Redis lost (a restart, ``SCRIPT FLUSH``) on ``NOSCRIPT``.
+Scripts go by SHA; those Redis lost (a restart, ``SCRIPT FLUSH``) are loaded again on ``NOSCRIPT``
+and only the refused calls sent again (:meth:`Scripts.pipeline`).
 """
 
 from __future__ import annotations
@@ -142,18 +143,13 @@ class Scripts:
         sent: list[tuple[Any, ...]] = []
         replies: list[Any] = []
         with self._held.connection() as connection:
-            try:
-                for name, keys, args in calls:
-                    sent.append(self._command(name, keys, args))
-                    connection.send_command(*sent[-1])  # type: ignore[no-untyped-call]
-                    if len(sent) > 1:
-                        replies.append(_reply(connection))
-                if sent:
+            for name, keys, args in calls:
+                sent.append(self._command(name, keys, args))
+                connection.send_command(*sent[-1])  # type: ignore[no-untyped-call]
+                if len(sent) > 1:
                     replies.append(_reply(connection))
-            except BaseException:
-                # Replies left unread would answer the connection's next user.
-                connection.disconnect()  # type: ignore[no-untyped-call]
-                raise
+            if sent:
+                replies.append(_reply(connection))
         return self._settled(sent, replies)
 
     def _settled(self, commands: list[Any], replies: list[Any]) -> list[Any]:
@@ -183,7 +179,8 @@ class HeldConnection:
     """A connection of redis-py's pool that one client keeps for its script calls: taking one from
     the pool and giving it back costs more of the client's CPU than sending a call and reading its
     reply (redis-py 8: about 10 µs of 45 here). A thread that finds it in use takes one from the pool
-    as before; after a fork, the child takes one of its own (the pool starts afresh in a child)."""
+    as before; after a fork, the child takes one of its own (the pool starts afresh in a child). A
+    connection whose user raised is disconnected: replies left unread would answer its next user."""
 
     def __init__(self, pool: ConnectionPool) -> None:
         self._pool = pool
@@ -196,27 +193,30 @@ class HeldConnection:
         if not self._lock.acquire(blocking=False):
             connection = self._pool.get_connection()
             try:
-                yield connection
+                yield from _disconnected_on_error(connection)
             finally:
                 self._pool.release(connection)
             return
         try:
             if self._held is None or self._pid != os.getpid():
                 self._held, self._pid = self._pool.get_connection(), os.getpid()
-            yield self._held
+            yield from _disconnected_on_error(self._held)
         finally:
             self._lock.release()
 
 
-def _exchange(connection: Connection, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Send ``commands`` at once and read a reply to each (an error reply as its exception)."""
+def _disconnected_on_error(connection: Connection) -> Iterator[Connection]:
     try:
-        connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
-        return [_reply(connection) for _ in commands]
+        yield connection
     except BaseException:
-        # Replies left unread would answer the connection's next user.
         connection.disconnect()  # type: ignore[no-untyped-call]
         raise
+
+
+def _exchange(connection: Connection, commands: list[tuple[Any, ...]]) -> list[Any]:
+    """Send ``commands`` at once and read a reply to each (an error reply as its exception)."""
+    connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
+    return [_reply(connection) for _ in commands]
 
 
 def _reply(connection: Any) -> Any:

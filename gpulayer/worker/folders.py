@@ -3,7 +3,7 @@
 A folder its job left empty is not removed but kept, and renamed to a later job's folder. On ext4
 mounted with online discard, as many cloud disks are, each ``mkdir`` and ``rmdir`` allocates or frees
 a block the file system must then discard: for a short job's two folders that cost the machine about
-0.2 ms of CPU per job here, two renames a tenth of it. A folder is kept only when the worker runs jobs
+0.1 ms of CPU per job here, two renames an eighth of it. A folder is kept only when the worker runs jobs
 as itself (a job run as another user owns its folder), only if it is a real folder (not a link its job
 put in its place) and only if it is empty; it is set back to 0700 first. Anything else is removed.
 """

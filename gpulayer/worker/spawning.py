@@ -49,9 +49,9 @@ def _glibc() -> tuple[ctypes.PyDLL, ctypes.CDLL] | None:
     without it (``posix_spawn``, which waits for the child's exec)."""
     if not sys.platform.startswith("linux"):
         return None
-    name = ctypes.util.find_library("c") or "libc.so.6"
+    library = ctypes.util.find_library("c") or "libc.so.6"
     try:
-        held, released = ctypes.PyDLL(name, use_errno=True), ctypes.CDLL(name, use_errno=True)
+        held, released = ctypes.PyDLL(library, use_errno=True), ctypes.CDLL(library, use_errno=True)
     except OSError:
         return None
     return (held, released) if all(hasattr(held, name) for name in _NEEDED) else None

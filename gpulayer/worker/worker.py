@@ -513,7 +513,8 @@ class Worker(BaseWorker):
             self._runners[job.job_id] = runner
         if self.get_state() != WorkerStatus.BUSY:
             self.set_state(WorkerStatus.BUSY)
-        log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, _Joined(spec.command))
+        if log.isEnabledFor(logging.INFO):  # a busy worker logs at WARNING: spare the join
+            log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
         return runner
 
     def _launch(self, job: Claim, spec: JobSpec) -> Launch:
@@ -693,16 +694,6 @@ class Worker(BaseWorker):
         if self._context.functions is not None:
             self._context.functions.executors.close()
         super().teardown()  # type: ignore[no-untyped-call]
-
-
-class _Joined:
-    """A command's words as a log line shows them, joined only if the line is written."""
-
-    def __init__(self, words: list[str]) -> None:
-        self.words = words
-
-    def __str__(self) -> str:
-        return " ".join(self.words)
 
 
 def _alive(holder: Holder, host: str) -> bool:
