@@ -22,7 +22,8 @@ from typing import Any
 from gpulayer.cli import main
 from gpulayer.worker import folders, process, runner, supervisor, worker
 
-#: Each part, as the functions (object, name) that make it up; the first three end up inside others.
+#: Each part, as the functions (object, name) that make it up. Most run inside another part's (all in
+#: the slot's): a caller's time is counted without its timed callees'.
 PARTS: dict[str, list[tuple[Any, str]]] = {
     "seal check": [(worker, "check_job")],
     "spawn": [(process.JobProcesses, "spawn")],
