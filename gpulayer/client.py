@@ -64,7 +64,7 @@ from .store.artifacts import (
     MissingArtifact,
 )
 from .store.channels import Subscription
-from .store.connection import connect
+from .store.connection import BLOCK_MS, connect
 from .store.jobs import new_job_id, under_new_ids
 from .store.logs import LogUpdates
 from .store.readahead import ReadAhead
@@ -349,14 +349,24 @@ class Client:
         [ending] = self._calls.endings([job_id])
         return self._calls.value(ending)
 
-    def _wait(self, job_id: str, timeout: float | None) -> None:
-        """Block until the job ends; :class:`JobNotFound` if there is none, :class:`WaitTimeout`
-        after ``timeout`` seconds."""
-        if self.stores.jobs.wait_done(job_id, timeout):
-            return
-        record = Job(self, job_id).status()
-        if not record.state.is_terminal:
-            raise WaitTimeout(f"job {job_id} is still {record.state.value} after {timeout:g} s")
+    def _wait(self, job_id: str, timeout: float | None) -> JobRecord:
+        """Block until the job ends and return its record; :class:`JobNotFound` if there is none,
+        :class:`WaitTimeout` after ``timeout`` seconds. One round trip for a job that has ended (or
+        was read ahead), one per :data:`BLOCK_MS` while it runs."""
+        self.flush()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        block: int | None = BLOCK_MS
+        while True:
+            if deadline is not None:
+                left = int((deadline - time.monotonic()) * 1000)
+                block = min(BLOCK_MS, left) if left > 0 else None
+            done, record = self._ends.peek_end(job_id, block)
+            if record is None:
+                raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
+            if done:
+                return record
+            if block is None:
+                raise WaitTimeout(f"job {job_id} is still {record.state.value} after {timeout:g} s")
 
     def as_completed(self, jobs: Iterable[Job | str], timeout: float | None = None) -> Iterator[JobRecord]:
         """Each job's record as it ends, those already ended first: a read of all their done streams
@@ -547,14 +557,7 @@ class Job:
 
     def wait(self, timeout: float | None = None) -> JobRecord:
         """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
-        self.client.flush()
-        done, record = self.client._ends.peek_end(self.id)
-        if record is None:
-            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
-        if done:
-            return record
-        self.client._wait(self.id, timeout)
-        return self.status()
+        return self.client._wait(self.id, timeout)
 
     def logs(self, follow: bool = False, rank: int | None = None) -> Iterator[LogLine]:
         """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends.

@@ -53,3 +53,23 @@ def test_a_short_job_costs_redis_75_commands_in_3_script_calls_and_a_wait_on_it_
     assert waited["hgetall"] == JOBS, waited
     assert waited["xread"] <= JOBS / 10, waited
     assert sum(waited.values()) <= 1.2 * JOBS, waited
+
+
+def test_a_wait_on_a_running_job_is_one_round_trip_that_blocks_then_reads_its_record(
+    client: Client, workers: Workers, raw_redis: redis.Redis
+) -> None:
+    workers.start("w1", 1)
+    job = client.submit(["sleep", "1"])
+    deadline = time.monotonic() + WAIT
+    while job.status().state is not JobState.RUNNING:
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.01)
+    before = _calls(raw_redis)
+    record = job.wait(WAIT)
+    waited = _spent(raw_redis, before)
+    assert record.state is JobState.SUCCEEDED
+    assert record.ended_at is not None
+    # A blocking read of its done stream, and its record read once Redis wakes the wait: no poll,
+    # no second round trip for the record.
+    assert waited["xread"] == 1, waited
+    assert waited.get("hgetall", 0) == 1, waited

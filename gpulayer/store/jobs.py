@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, TypeVar, cast
@@ -29,7 +28,6 @@ from ..models import (
 )
 from ..settings import Settings
 from ..signing import Keyring, seal_job, seal_jobs
-from .connection import BLOCK_MS
 from .keys import Keys
 from .rq_jobs import description, parse_timestamp, rq_fields, timestamp
 from .scripts import Scripts
@@ -256,12 +254,17 @@ class JobStore:
         """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
         return self._ours(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))
 
-    def peek_end(self, job_id: str, ahead: Sequence[str] = ()) -> tuple[bool, JobRecord | None, list[str]]:
+    def peek_end(
+        self, job_id: str, ahead: Sequence[str] = (), block_ms: int | None = None
+    ) -> tuple[bool, JobRecord | None, list[str]]:
         """Whether the job has ended, and its record (None if there is none), in one round trip: what a
-        wait on a job that has already ended costs. In the same round trip, those of ``ahead`` that
-        have ended (as :meth:`ended_among`)."""
+        wait on a job that has already ended costs. ``block_ms``: if it has not ended, first wait up to
+        that long for it to end (the record is read after). In the same round trip, those of ``ahead``
+        that have ended (as :meth:`ended_among`)."""
         pipe = self._redis.pipeline(transaction=False)
-        pipe.xread({self._keys.done(job_id): "0-0"}, count=1)
+        # Redis answers a blocked client's next commands once it wakes: the record read after the
+        # wait, and the jobs that ended while it waited, cost no round trip of their own.
+        pipe.xread({self._keys.done(job_id): "0-0"}, count=1, block=block_ms)
         pipe.hgetall(self._keys.job(job_id))
         streams = self._sweep(pipe, ahead)
         done, raw, *swept = pipe.execute()
@@ -299,23 +302,6 @@ class JobStore:
                 self._scripts.queue(pipe, "cancel", [self._keys.job(job_id)], [job_id, timestamp()])
 
         return [str(result.decode()) for result in self._scripts.pipeline(build)]
-
-    def wait_done(self, job_id: str, timeout: float | None) -> bool:
-        """Block until the job has ended (True), or ``timeout`` seconds pass, or it turns out not to
-        exist (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        key = self._keys.done(job_id)
-        while True:
-            block = BLOCK_MS
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                block = max(1, min(block, int(left * 1000)))
-            if self._redis.xread({key: "0-0"}, count=1, block=block):
-                return True
-            if not self._redis.exists(self._keys.job(job_id)):
-                return False
 
     def counts(self) -> dict[JobState, int]:
         """How many jobs are in each state (ended ones until their ids are pruned), in one round trip."""

@@ -63,16 +63,17 @@ class ReadAhead:
                 self._unended.pop(job_id, None)
                 self._ended.pop(job_id, None)
 
-    def peek_end(self, job_id: str) -> tuple[bool, JobRecord | None]:
+    def peek_end(self, job_id: str, block_ms: int | None = None) -> tuple[bool, JobRecord | None]:
         """Whether the job has ended, and its record (None if there is none): as read ahead, or in
-        one round trip that reads ahead (and one more for the records of those that ended)."""
+        one round trip that reads ahead (and one more for the records of those that ended).
+        ``block_ms``: see :meth:`JobStore.peek_end`."""
         with self._lock:
             kept = self._ended.pop(job_id, None)
             if kept is not None and time.monotonic() - kept[0] < KEPT_FOR:
                 return True, kept[1]
             place = self._unended.pop(job_id, None)
             ahead = [] if place is None else self._following(place)
-        done, record, ended = self._jobs.peek_end(job_id, ahead)
+        done, record, ended = self._jobs.peek_end(job_id, ahead, block_ms)
         records = self._jobs.get_many(ended) if ended else []
         read_at = time.monotonic()
         with self._lock:
