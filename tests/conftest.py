@@ -41,6 +41,11 @@ from gpulayer.web import create_app
 #: How long a test waits for a worker to register or a job to end before failing.
 WAIT = 30.0
 
+# A shell without job control starts its background commands with SIGINT ignored, and an ignored
+# signal stays ignored across exec: the CLI processes the Ctrl-C tests interrupt would never see it.
+# Handled here, it is back at its default in every process the tests start.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def start_hub(
     folder: Path, *, bind: str = "127.0.0.1", binary: str | None = None, durable: bool = False
