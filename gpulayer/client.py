@@ -355,11 +355,8 @@ class Client:
         was read ahead), one per :data:`BLOCK_MS` while it runs."""
         self.flush()
         deadline = None if timeout is None else time.monotonic() + timeout
-        block: int | None = BLOCK_MS
         while True:
-            if deadline is not None:
-                left = int((deadline - time.monotonic()) * 1000)
-                block = min(BLOCK_MS, left) if left > 0 else None
+            block = _block_ms(deadline, BLOCK_MS)
             done, record = self._ends.peek_end(job_id, block)
             if record is None:
                 raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
@@ -392,10 +389,9 @@ class Client:
                 ended = self.stores.jobs.ended_among(pending)
                 next_sweep = time.monotonic() + _SWEEP_EVERY
             if not ended:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
+                block = _block_ms(deadline, _TURN)
+                if block is None:
                     raise WaitTimeout(f"{len(pending)} job(s) still not ended after {timeout:g} s")
-                block = _TURN if left is None else max(1, min(_TURN, int(left * 1000)))
                 ended = self.stores.jobs.ended_among(pending[:_FIRST], block_ms=block)
             finished = set(ended)
             pending = [job_id for job_id in pending if job_id not in finished]
@@ -650,6 +646,15 @@ class Job:
         if record.outputs.missing:
             raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
         return written
+
+
+def _block_ms(deadline: float | None, most: int) -> int | None:
+    """How long (ms) a blocking read may wait: ``most``, or less before ``deadline`` (monotonic), at
+    least 1; None once the deadline has passed."""
+    if deadline is None:
+        return most
+    left = deadline - time.monotonic()
+    return max(1, min(most, int(left * 1000))) if left > 0 else None
 
 
 def _argv(command: str | Sequence[str]) -> list[str]:
