@@ -231,8 +231,8 @@ class Client:
     ) -> str | None:
         """Upload the archives and submit the job under ``job_id``: that id, an existing job's (the
         idempotency key's), or None if the id was taken."""
-        upload = secrets.token_hex(4)
         staged = any(manifest is not None for manifest in uploads.values())
+        upload = secrets.token_hex(4) if staged else ""
         try:
             files = {
                 name: self._upload(job_id, upload, name, manifest)
@@ -345,9 +345,7 @@ class Client:
     def function_result(self, job_id: str, timeout: float | None = None) -> Any:
         """Wait for a function job to end; return what it returned, or raise the exception it raised
         (or :class:`JobFailed`). :class:`WaitTimeout` after ``timeout`` seconds."""
-        self._wait(job_id, timeout)
-        [ending] = self._calls.endings([job_id])
-        return self._calls.value(ending)
+        return self._calls.value(self._calls.ending(self._wait(job_id, timeout)))
 
     def _wait(self, job_id: str, timeout: float | None) -> JobRecord:
         """Block until the job ends and return its record; :class:`JobNotFound` if there is none,
@@ -665,6 +663,9 @@ def _argv(command: str | Sequence[str]) -> list[str]:
         raise InvalidJobSpec(f"invalid job: command: {exc}") from None
 
 
+_NO_NEEDS = Requirements()
+
+
 def _spec(
     argv: list[str],
     *,
@@ -684,7 +685,7 @@ def _spec(
     requirements: dict[str, Any],
 ) -> JobSpec:
     """A job's spec from :meth:`Client.submit`'s arguments, checked (:class:`InvalidJobSpec`)."""
-    needs = validated(Requirements, requirements)
+    needs = validated(Requirements, requirements) if requirements else _NO_NEEDS
     retry = {"retries": retries, "retry_on": retry_on, "retry_delay": retry_delay}
     return build_spec(
         command=argv,
