@@ -235,8 +235,14 @@ class Calls:
             record = self._jobs.record_of(job_id, replies[2 * index])
             if record is None:
                 raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
-            endings.append((record, small_files(replies[2 * index + 1], (RESULT, ERROR))))
+            endings.append((record, _payloads(replies[2 * index + 1])))
         return endings
+
+    def ending(self, record: JobRecord) -> Ending:
+        """The result payloads of the ended job whose record a wait read: one round trip, the
+        record not read again."""
+        [outputs] = self._jobs.pipeline(lambda pipe: self._artifacts.queue_outputs(pipe, record.id))
+        return record, _payloads(outputs)
 
     def value(self, ending: Ending) -> Any:
         """What the call returned; or the exception it raised, raised here; or :class:`JobFailed`."""
@@ -356,3 +362,8 @@ def _raised(record: JobRecord, report: dict[str, Any]) -> BaseException:
 
 def _name(function: Callable[..., Any]) -> str:
     return getattr(function, "__qualname__", repr(function))
+
+
+def _payloads(outputs: dict[bytes, bytes]) -> dict[str, bytes]:
+    """What a function job left of its result or exception, among its outputs as read."""
+    return small_files(outputs, (RESULT, ERROR))

@@ -218,6 +218,21 @@ def test_map_ordered_and_unordered_over_200_items_on_two_workers(
     assert ran_on == {"w1", "w2"}
 
 
+def test_a_result_reads_the_job_record_once(
+    workers: Workers, remote: Callable[..., Any], raw_redis: redis.Redis
+) -> None:
+    workers.start("w1", 1)
+    handle = remote(square).remote(5)
+    assert handle.job.wait(WAIT).state is JobState.SUCCEEDED
+    before = {name: stats["calls"] for name, stats in raw_redis.info("commandstats").items()}
+    assert handle.result(WAIT) == 25
+    after = {name: stats["calls"] for name, stats in raw_redis.info("commandstats").items()}
+    spent = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name)}
+    # Its end and record in the wait's round trip, then its result: the record is not read again.
+    assert spent["cmdstat_xread"] == 1, spent
+    assert spent["cmdstat_hgetall"] == 2, spent
+
+
 def test_calling_the_function_directly_runs_it_here(remote: Callable[..., Any]) -> None:
     assert remote(whoami)() == os.getpid()
     assert remote(square)(4) == 16
