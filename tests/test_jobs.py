@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,36 @@ def test_each_job_gets_a_fresh_folder_that_is_removed_afterwards(
     left = list((home / "work" / "w1").iterdir())
     assert all(folder.is_dir() and not any(folder.iterdir()) for folder in left)
     assert not any(job_id in folder.name for folder in left for job_id in (first.id, second.id))
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Iterator[Path]:
+    """A folder outside the worker's, for a link to point to: nothing in it may be touched."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "precious").write_text("kept")
+    yield target
+    assert (target / "precious").read_text() == "kept"
+
+
+def test_a_link_a_job_put_in_its_folders_place_is_removed_and_what_it_points_to_kept(
+    client: Client, workers: Workers, home: Path, elsewhere: Path
+) -> None:
+    workers.start(slots=1)
+    swap = f'd=$(pwd); cd /; rmdir "$d" && ln -s {elsewhere} "$d"'
+    assert client.submit(["sh", "-c", swap]).wait(WAIT).state is JobState.SUCCEEDED
+    assert not any(entry.is_symlink() for entry in (home / "work" / "w1").iterdir())
+
+
+def test_a_link_left_among_job_folders_is_removed_when_the_worker_starts_not_followed(
+    workers: Workers, home: Path, elsewhere: Path
+) -> None:
+    # As a job that swapped its folder for a link leaves it when its worker is killed.
+    work = home / "work" / "w1"
+    work.mkdir(parents=True)
+    (work / "0123456789ab-1.gljob").symlink_to(elsewhere, target_is_directory=True)
+    workers.start(slots=1)
+    assert not (work / "0123456789ab-1.gljob").is_symlink()
 
 
 def test_a_folder_a_job_left_open_to_all_is_private_again_for_the_next(

@@ -42,7 +42,7 @@ class Folders:
                 os.rename(spare, path)
                 return
             except OSError:
-                remove(Path(spare))
+                remove_folder(Path(spare))
         path.mkdir(parents=True, mode=0o700)
 
     def remove(self, path: Path) -> None:
@@ -57,14 +57,14 @@ class Folders:
                 with self._lock:
                     self._spares.append(spare)
                 return
-        remove(path)
+        remove_folder(path)
 
     def close(self) -> None:
         """Remove the folders kept for later jobs."""
         with self._lock:
             spares, self._spares = self._spares, []
         for spare in spares:
-            remove(Path(spare))
+            remove_folder(Path(spare))
 
 
 def _emptied(path: Path) -> bool:
@@ -83,9 +83,12 @@ def _emptied(path: Path) -> bool:
     return True
 
 
-def remove(folder: Path) -> None:
-    """``folder`` and all in it, if it is there."""
+def remove_folder(folder: Path) -> None:
+    """``folder`` and all in it, if it is there; if its job put a link (or a file) in its place, that,
+    never what it points to."""
     try:
         folder.rmdir()  # the common case of a job that left nothing behind, at a fraction of rmtree's cost
+    except NotADirectoryError:
+        folder.unlink(missing_ok=True)
     except OSError:
         shutil.rmtree(folder, ignore_errors=True)

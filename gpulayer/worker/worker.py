@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -54,7 +53,7 @@ from ..store.workers import Holder
 from .calling import CallLaunch
 from .endings import StopReason
 from .executors import ExecutorPool
-from .folders import Folders
+from .folders import Folders, remove_folder
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
 from .identity import RunAs, job_area, private_to
@@ -241,7 +240,7 @@ class Worker(BaseWorker):
         moved = self.store.requeue("lost", f"worker {self.display_name} restarted; its previous run is gone")
         # Job folders a previous process under this name left behind belong to jobs it no longer holds.
         for folder in self.workdir.glob(f"*{JOB_FOLDER_SUFFIX}"):
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_folder(folder)
         if moved:
             log.warning(
                 "worker %s: a previous run held %d job(s); they are back in their queues",
