@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import json
@@ -63,13 +64,29 @@ def flush(url: str) -> None:
     connection.close()
 
 
+#: What :func:`spawn` started: a run that fails midway still ends its workers (:func:`_end_spawned`),
+#: which would otherwise retry their vanished Redis for ever.
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
 def spawn(command: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    process = subprocess.Popen(
         list(command),
         env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    _SPAWNED.append(process)
+    return process
+
+
+@atexit.register
+def _end_spawned() -> None:
+    running = [process for process in _SPAWNED if process.poll() is None]
+    for process in running:
+        process.kill()
+    for process in running:
+        process.wait()
 
 
 def wait_all(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 600) -> None:
