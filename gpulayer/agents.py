@@ -37,6 +37,9 @@ MAX_WAIT = 600.0
 _SLICE = 1.0
 #: The most bytes of log text one answer carries.
 MAX_LOG_BYTES = 64 * 1024
+#: A list_jobs call with a name to match looks at this many jobs at most, this many per read.
+_LOOKED_AT_MOST = 2000
+_SCAN_PAGE = 200
 T = TypeVar("T")
 
 _READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -111,14 +114,10 @@ def _read_tools(server: MCPServer, client: Client) -> None:
         state: str | None = None, name: str | None = None, limit: int = 20, offset: int = 0
     ) -> dict[str, Any]:
         """Jobs newest first, a page at a time: all, or those in ``state``, or whose name contains
-        ``name``. ``next_offset`` is where the next page starts (null: none)."""
-        limit = max(1, min(limit, 200))
-        records = client.jobs(state, limit=limit, offset=offset)
-        found = [record for record in records if name is None or name in (record.name or "")]
-        return {
-            "jobs": [_summary(record) for record in found],
-            "next_offset": offset + limit if len(records) == limit else None,
-        }
+        ``name`` (up to ``limit`` of them among the next 2,000 jobs). ``next_offset`` is where the
+        next page starts (null: none)."""
+        found, next_offset = _named(client, state, name, max(1, min(limit, 200)), offset)
+        return {"jobs": [_summary(record) for record in found], "next_offset": next_offset}
 
     @server.tool(annotations=_READ)
     @tool_errors
@@ -291,6 +290,29 @@ def _submitted(
         **(requirements or {}),
     )
     return {"id": job.id, "state": job.status().state.value}
+
+
+def _named(
+    client: Client, state: str | None, name: str | None, limit: int, offset: int
+) -> tuple[list[JobRecord], int | None]:
+    """Up to ``limit`` jobs, newest first from ``offset``, whose name contains ``name`` (any job
+    for None), among at most :data:`_LOOKED_AT_MOST`; and the offset after the last one looked at,
+    or None when no job is left. A page of matches is not a page of jobs: an agent would otherwise
+    read an empty page as no match at all."""
+    found: list[JobRecord] = []
+    at = offset
+    page = limit if name is None else _SCAN_PAGE
+    while at - offset < _LOOKED_AT_MOST:
+        records = client.jobs(state, limit=page, offset=at)
+        for record in records:
+            at += 1
+            if name is None or name in (record.name or ""):
+                found.append(record)
+                if len(found) == limit:
+                    return found, at
+        if len(records) < page:
+            return found, None
+    return found, at
 
 
 def _waited(job: Job, seconds: float) -> JobRecord:

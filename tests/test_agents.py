@@ -168,6 +168,24 @@ async def test_logs_are_capped_keeping_the_newest_lines_of_a_tail(
 
 
 @pytest.mark.anyio
+async def test_a_name_to_match_fills_a_page_with_matches_not_with_jobs(
+    client: Client, env: dict[str, str]
+) -> None:
+    # Queued, no worker: newest first, the three sweeps sit among and under the others.
+    names = ["sweep-1", "other", "sweep-2", "other", "other", "sweep-3", "other", "other"]
+    ids = [client.submit(["true"], name=name).id for name in names]
+    sweeps = [ids[5], ids[2], ids[0]]
+    async with session(env) as agent:
+        first = await call(agent, "list_jobs", name="sweep", limit=2)
+        assert [found["id"] for found in first["jobs"]] == sweeps[:2]
+        assert first["next_offset"] == 6  # just past sweep-2, the sixth newest
+        rest = await call(agent, "list_jobs", name="sweep", limit=2, offset=first["next_offset"])
+        assert ([found["id"] for found in rest["jobs"]], rest["next_offset"]) == (sweeps[2:], None)
+        plain = await call(agent, "list_jobs", limit=3)
+        assert ([found["id"] for found in plain["jobs"]], plain["next_offset"]) == (ids[::-1][:3], 3)
+
+
+@pytest.mark.anyio
 async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict[str, str]) -> None:
     async with session(env) as agent:
         assert "no job 'nosuchjob000'" in await error(agent, "get_job", job_id="nosuchjob000")
