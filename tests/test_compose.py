@@ -21,8 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
+from gpulayer import tls
+from gpulayer.access import Access
 from gpulayer.network import free_port
+from gpulayer.store.connection import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
@@ -208,11 +212,29 @@ def test_a_job_in_the_stack_reads_none_of_its_workers_credentials(stack: Stack) 
     ended = stack.until(job_id, lambda record: record["state"] in ("succeeded", "failed"))
     lines = [line["text"] for line in stack.call("GET", f"/api/v1/jobs/{job_id}/logs")["lines"]]
     assert any("Permission denied" in line for line in lines), lines
-    assert not any("password" in line or "redis://" in line for line in lines), lines
+    assert not any("password" in line or "redis" in line for line in lines), lines
     assert lines[-1] == "gpulayer"
     # Only the job's own variables: its id, its attempt, its checkpoint folder.
     assert lines[-2] == "GPULAYER_ATTEMPT GPULAYER_CHECKPOINT_DIR GPULAYER_JOB_ID", lines
     assert ended["state"] == "succeeded"
+
+
+def test_the_stacks_redis_speaks_only_tls_and_trusts_its_own_ca(stack: Stack, tmp_path: Path) -> None:
+    # A worker's access as another machine gets it (`access export`), aimed at the port published here.
+    token = stack.compose(
+        "run", "--rm", "-T", "-e", "GPULAYER_HOME=/gpulayer/admin", "--entrypoint", "gpulayer",
+        "init", "access", "export", "worker", "--host", "127.0.0.1",
+    ).split()[-1]  # fmt: skip
+    worker = Access.from_token(token)
+    port = int(stack.env["GPULAYER_REDIS_PORT"])
+    url = worker.redis_url.replace(":6379", f":{port}")
+    assert url.startswith("rediss://")
+    assert connect(url, ca=worker.ca).ping()
+    with pytest.raises(redis.exceptions.ConnectionError):  # plain TCP: nothing answers
+        redis.Redis(port=port, socket_timeout=5).ping()
+    other_ca = tls.ensure(tmp_path, ["localhost"]).ca.read_text()
+    with pytest.raises(redis.exceptions.ConnectionError):  # a Redis of another CA is not trusted
+        connect(url, ca=other_ca).ping()
 
 
 def test_the_stack_goes_down_leaving_no_volume_and_its_profiles_are_valid(stack: Stack) -> None:

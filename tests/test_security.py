@@ -26,13 +26,14 @@ import pytest
 import redis
 
 import gpulayer as gl
-from gpulayer import Client, JobState
+from gpulayer import Client, JobState, tls
 from gpulayer import access as accesses
 from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
 from gpulayer.network import free_port
 from gpulayer.server import redis_version, start_redis, wait_ready
 from gpulayer.store.artifacts import SOURCE_ARCHIVE, RedisArtifactStore
+from gpulayer.store.connection import connect
 from gpulayer.store.keys import Keys
 from tests.conftest import WAIT, Workers, gpulayer, start_hub
 
@@ -225,6 +226,48 @@ def test_access_init_writes_an_acl_file_a_redis_starts_with(tmp_path: Path, env:
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.redis.flushall()
         client.close()
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def test_access_init_with_a_tls_dir_makes_a_redis_that_speaks_only_tls_and_trusts_its_own_ca(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    # As the Compose stack's init does: the users in a file, and Redis's certificate in a folder.
+    aclfile, port, folder = tmp_path / "users.acl", free_port(), tmp_path / "redis-tls"
+    initing = {**env, "GPULAYER_HOME": str(tmp_path / "home")}
+    init = ("access", "init", "--aclfile", str(aclfile), "--tls-dir", str(folder), "--redis-url")
+    for url, said in [
+        (f"redis://127.0.0.1:{port}/0", "--tls-dir needs a rediss:// URL: that Redis speaks TLS only"),
+        (f"rediss://127.0.0.1:{port}/0 --ca-file {__file__}", "not with --apply or --ca-file"),
+    ]:
+        refused = gpulayer(initing, *init, *url.split())
+        assert refused.returncode == 2
+        assert said in refused.stderr
+        assert not (tmp_path / "home" / "installation.json").exists()  # nothing half made
+        assert not folder.exists()
+    made = gpulayer(initing, *init, f"rediss://127.0.0.1:{port}/0")
+    assert made.returncode == 0, made.stderr
+    assert sorted(path.name for path in folder.iterdir()) == ["ca.pem", "redis.key", "redis.pem"]
+    assert {path.stat().st_mode & 0o777 for path in [folder, *folder.iterdir()]} <= {0o700, 0o600}
+    files = tls.ServerFiles(folder / "redis.pem", folder / "redis.key", folder / "ca.pem")
+    process = start_redis(tmp_path / "redis", port, acl=aclfile.read_text(), tls=files, durable=False)
+    try:
+        worker = accesses.load(tmp_path / "home", "worker")
+        assert worker is not None
+        assert worker.redis_url.startswith("rediss://")
+        assert worker.ca == files.ca.read_text()
+        wait_ready(worker.redis_url, process, ca=worker.ca)
+        client = Client(access=worker)
+        assert client.workers() == []
+        client.close()
+        password = json.loads((tmp_path / "home" / "installation.json").read_text())["passwords"]["worker"]
+        with pytest.raises(redis.exceptions.ConnectionError):  # plain TCP: nothing answers
+            redis.Redis(port=port, username="gpulayer-worker", password=password).ping()
+        other_ca = tls.ensure(tmp_path / "elsewhere", ["localhost"]).ca.read_text()
+        with pytest.raises(redis.exceptions.ConnectionError):
+            connect(worker.redis_url, ca=other_ca).ping()
     finally:
         process.kill()
         process.wait(10)

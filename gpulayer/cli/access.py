@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import get_args
+from urllib.parse import urlsplit
 
 import click
 
 from .. import access as accesses
 from .. import home as local
 from .. import installation as installations
+from .. import tls
 from ..models import AccessRole
 from ..settings import Settings
 from .server import join_host
@@ -48,7 +50,21 @@ def access_group() -> None:
     help="Write the users as a Redis ACL file instead (its default user off), for a Redis that "
     "starts with --aclfile FILE, as the Compose stack's does.",
 )
-def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, aclfile: Path | None) -> None:
+@click.option(
+    "--tls-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Make the installation's own CA and a certificate for its Redis, and put what Redis needs "
+    "(ca.pem, redis.pem, redis.key) in this folder, for a Redis that speaks TLS only, as the Compose "
+    "stack's does. Needs a rediss:// URL; every access then trusts that CA alone.",
+)
+def init(
+    redis_url: str,
+    apply: bool,
+    ca_file: Path | None,
+    redis_major: int,
+    aclfile: Path | None,
+    tls_dir: Path | None,
+) -> None:
     """Set an installation up on a Redis you run: a password per role and both key pairs, kept here
     (this machine is then its admin), and the ACL rules that make its users, printed with password
     hashes only. Apply them as an admin of that Redis, or pass --apply, or write them to --aclfile.
@@ -56,6 +72,12 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, ac
     programs use it."""
     if apply and aclfile:
         raise click.UsageError("give --apply or --aclfile, not both")
+    if tls_dir is not None and (apply or ca_file):
+        raise click.UsageError(
+            "--tls-dir makes the CA of a Redis not yet started: not with --apply or --ca-file"
+        )
+    if tls_dir is not None and urlsplit(redis_url).scheme != "rediss":
+        raise click.UsageError("--tls-dir needs a rediss:// URL: that Redis speaks TLS only")
     settings = Settings.from_env(redis_url=redis_url)  # checks the URL before anything is made
     home = local.private_folder(settings.home)
     if installations.load(home) is not None:
@@ -63,7 +85,7 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, ac
             f"{home} already holds an installation; use another GPULAYER_HOME, or remove "
             f"{home / installations.FILE} and {accesses.folder(home)} to start over"
         )
-    ca = ca_file.read_text() if ca_file else None
+    ca = ca_file.read_text() if ca_file else _redis_tls(home, redis_url, tls_dir) if tls_dir else None
     if apply:
         made = installations.create_on(redis_url, settings.prefix, ca)
     else:
@@ -84,6 +106,17 @@ def init(redis_url: str, apply: bool, ca_file: Path | None, redis_major: int, ac
     click.echo("# Run these as an admin of that Redis (redis-cli), then `gpulayer up --redis-url URL`:")
     for line in made.acl_commands(redis_major):
         click.echo(line)
+
+
+def _redis_tls(home: Path, redis_url: str, folder: Path) -> str:
+    """The installation's CA (kept here with its key, as `gpulayer up` keeps its own) and a
+    certificate for its Redis; what Redis needs copied into ``folder``, private. The CA's PEM."""
+    host = urlsplit(redis_url).hostname or "127.0.0.1"
+    files = tls.ensure(home, [host, "localhost", "127.0.0.1"])
+    local.private_folder(folder)
+    for path in (files.ca, files.cert, files.key):
+        local.write_private(folder / path.name, path.read_bytes())
+    return files.ca.read_text()
 
 
 @access_group.command()
