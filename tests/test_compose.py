@@ -3,7 +3,8 @@ Redis, the server and two workers from compose/compose.yaml, a job submitted thr
 this machine survives `docker kill` of its worker, and the stack goes down leaving no volume.
 
 Docker Hub cannot be reached here, so the base image is made from Debian's own packages
-(debootstrap) and passed as BASE_IMAGE; Redis runs from that base (Debian's redis-server 7).
+(debootstrap) and passed as BASE_IMAGE; Redis runs from that base (Debian's redis-server 7, as its
+user redis, who owns /data as in the official image).
 Skipped where no engine answers, unless GPULAYER_CONTAINER_TESTS=required (as .ci/run sets it)."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from gpulayer.store.connection import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
-BASE = "local/gpulayer-base:bookworm"
+BASE = "local/gpulayer-base:bookworm-redis-data"
 IMAGE = "gpulayer:test"
 #: What the base holds beyond debootstrap's minimal system: Python for the image, redis-server for
 #: the stack's Redis.
@@ -84,6 +85,14 @@ def _base_image() -> None:
             _mirror(),
         )
         shutil.rmtree(rootfs / "var" / "lib" / "apt" / "lists", ignore_errors=True)
+        # As the official Redis image has it: /data, the user redis's, for the stack's Redis.
+        [uid, gid] = next(
+            line.split(":")[2:4]
+            for line in (rootfs / "etc" / "passwd").read_text().splitlines()
+            if line.startswith("redis:")
+        )
+        (rootfs / "data").mkdir()
+        os.chown(rootfs / "data", int(uid), int(gid))
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         subprocess.run(["docker", "import", "-", BASE], stdin=tar.stdout, check=True, capture_output=True)
         assert tar.wait() == 0
@@ -235,6 +244,11 @@ def test_the_stacks_redis_speaks_only_tls_and_trusts_its_own_ca(stack: Stack, tm
     other_ca = tls.ensure(tmp_path, ["localhost"]).ca.read_text()
     with pytest.raises(redis.exceptions.ConnectionError):  # a Redis of another CA is not trusted
         connect(url, ca=other_ca).ping()
+
+
+def test_the_stacks_redis_runs_as_its_own_user_not_root(stack: Stack) -> None:
+    uid = stack.compose("exec", "-T", "redis", "awk", "/^Uid:/ {print $2}", "/proc/1/status")
+    assert uid.strip() not in ("", "0"), uid
 
 
 def test_the_stack_goes_down_leaving_no_volume_and_its_profiles_are_valid(stack: Stack) -> None:
