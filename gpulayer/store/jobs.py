@@ -271,7 +271,13 @@ class JobStore:
         return bool(done), self._ours(job_id, raw), _swept(streams, swept)
 
     def _ours(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
-        if not raw or not self._keys.owns_queue(raw.get(b"origin", b"").decode(errors="replace")):
+        """The record of a job hash read by id, if it is this installation's: its queue says so, or,
+        where its queue is another's or unreadable, this installation's index of jobs does (one
+        more round trip, on that path only): a job whose queue was garbled is still found."""
+        if not raw:
+            return None
+        origin = raw.get(b"origin", b"").decode(errors="replace")
+        if not self._keys.owns_queue(origin) and self._redis.zscore(self._keys.jobs, job_id) is None:
             return None
         return self._record(job_id, raw)
 
