@@ -215,6 +215,21 @@ def wait_for(predicate: Callable[[], object], timeout: float = WAIT, what: str =
         time.sleep(0.02)
 
 
+def commands_run(raw_redis: redis.Redis) -> dict[str, int]:
+    """How many times Redis has run each command so far, by name."""
+    return {
+        name.removeprefix("cmdstat_"): stats["calls"]
+        for name, stats in raw_redis.info("commandstats").items()
+    }
+
+
+def commands_since(raw_redis: redis.Redis, before: dict[str, int]) -> dict[str, int]:
+    """The commands run since ``before`` (:func:`commands_run`), but for INFO itself."""
+    spent = {name: calls - before.get(name, 0) for name, calls in commands_run(raw_redis).items()}
+    spent.pop("info", None)
+    return {name: calls for name, calls in spent.items() if calls}
+
+
 def kill_machine(pid: int) -> None:
     """SIGKILL a worker and every process under it, its jobs included, as when its machine dies: all
     frozen first, so the worker cannot see one of its jobs die and record it before it dies too."""

@@ -8,23 +8,9 @@ import time
 import redis
 
 from gpulayer import Client, JobState
-from tests.conftest import WAIT, Workers
+from tests.conftest import WAIT, Workers, commands_run, commands_since
 
 JOBS = 200
-
-
-def _calls(raw_redis: redis.Redis) -> dict[str, int]:
-    return {
-        name.removeprefix("cmdstat_"): stats["calls"]
-        for name, stats in raw_redis.info("commandstats").items()
-    }
-
-
-def _spent(raw_redis: redis.Redis, before: dict[str, int]) -> dict[str, int]:
-    """The commands since ``before``, but for INFO itself."""
-    spent = {name: calls - before.get(name, 0) for name, calls in _calls(raw_redis).items()}
-    spent.pop("info", None)
-    return {name: calls for name, calls in spent.items() if calls}
 
 
 def test_a_short_job_costs_redis_75_commands_in_3_script_calls_and_a_wait_on_it_one_read(
@@ -32,7 +18,7 @@ def test_a_short_job_costs_redis_75_commands_in_3_script_calls_and_a_wait_on_it_
 ) -> None:
     workers.start("w1", 2)
     assert client.submit(["true"]).wait(WAIT).state is JobState.SUCCEEDED  # the scripts are loaded
-    before = _calls(raw_redis)
+    before = commands_run(raw_redis)
     jobs = [client.submit(["true"]) for _ in range(JOBS)]
     polls = 1
     deadline = time.monotonic() + WAIT
@@ -40,15 +26,15 @@ def test_a_short_job_costs_redis_75_commands_in_3_script_calls_and_a_wait_on_it_
         assert time.monotonic() < deadline, "the jobs did not end"
         polls += 1
         time.sleep(0.01)
-    ran = _spent(raw_redis, before)
+    ran = commands_since(raw_redis, before)
     ran["hgetall"] -= polls
     # A submit, a claim and an end with the next claim: three script calls per job, and what runs
     # inside them (the worker's heartbeats and telemetry meanwhile count too).
     assert ran["evalsha"] <= 3.05 * JOBS, ran
     assert sum(ran.values()) <= 75 * JOBS, sorted(ran.items(), key=lambda item: -item[1])
-    before = _calls(raw_redis)
+    before = commands_run(raw_redis)
     assert all(job.wait(WAIT).state is JobState.SUCCEEDED for job in jobs)
-    waited = _spent(raw_redis, before)
+    waited = commands_since(raw_redis, before)
     # Each record read once; the done streams read together, ahead of the waits.
     assert waited["hgetall"] == JOBS, waited
     assert waited["xread"] <= JOBS / 10, waited
@@ -64,9 +50,9 @@ def test_a_wait_on_a_running_job_is_one_round_trip_that_blocks_then_reads_its_re
     while job.status().state is not JobState.RUNNING:
         assert time.monotonic() < deadline, "the job did not start"
         time.sleep(0.01)
-    before = _calls(raw_redis)
+    before = commands_run(raw_redis)
     record = job.wait(WAIT)
-    waited = _spent(raw_redis, before)
+    waited = commands_since(raw_redis, before)
     assert record.state is JobState.SUCCEEDED
     assert record.ended_at is not None
     # A blocking read of its done stream, and its record read once Redis wakes the wait: no poll,

@@ -34,7 +34,7 @@ from gpulayer.store.artifacts import BUNDLE_TTL
 from gpulayer.store.jobs import JobStore
 from gpulayer.store.scripts import Scripts
 
-from .conftest import WAIT, Workers, kill_machine, wait_for
+from .conftest import WAIT, Workers, commands_run, commands_since, kill_machine, wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -224,13 +224,12 @@ def test_a_result_reads_the_job_record_once(
     workers.start("w1", 1)
     handle = remote(square).remote(5)
     assert handle.job.wait(WAIT).state is JobState.SUCCEEDED
-    before = {name: stats["calls"] for name, stats in raw_redis.info("commandstats").items()}
+    before = commands_run(raw_redis)
     assert handle.result(WAIT) == 25
-    after = {name: stats["calls"] for name, stats in raw_redis.info("commandstats").items()}
-    spent = {name: after[name] - before.get(name, 0) for name in after if after[name] != before.get(name)}
+    spent = commands_since(raw_redis, before)
     # Its end and record in the wait's round trip, then its result: the record is not read again.
-    assert spent["cmdstat_xread"] == 1, spent
-    assert spent["cmdstat_hgetall"] == 2, spent
+    assert spent["xread"] == 1, spent
+    assert spent["hgetall"] == 2, spent
 
 
 def test_calling_the_function_directly_runs_it_here(remote: Callable[..., Any]) -> None:
