@@ -85,7 +85,9 @@ def init(
             f"{home} already holds an installation; use another GPULAYER_HOME, or remove "
             f"{home / installations.FILE} and {accesses.folder(home)} to start over"
         )
-    ca = ca_file.read_text() if ca_file else _redis_tls(home, redis_url, tls_dir) if tls_dir else None
+    ca = ca_file.read_text() if ca_file else None
+    if tls_dir is not None:  # never with --ca-file (above)
+        ca = _redis_tls(home, redis_url, tls_dir)
     if apply:
         made = installations.create_on(redis_url, settings.prefix, ca)
     else:
