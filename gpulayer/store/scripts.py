@@ -8,6 +8,7 @@ and only the refused calls sent again (:meth:`Scripts.pipeline`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -108,12 +109,24 @@ class Scripts:
         :meth:`pipeline`); any other error is raised once every reply is in. A connection lost on the
         way is retried as redis-py retries its commands."""
         commands = [self._command(name, keys, args) for name, keys, args in calls]
+        return self._settled(commands, self._exchange(commands, [{}] * len(commands)))
+
+    def _exchange(self, commands: list[tuple[Any, ...]], options: list[dict[str, Any]]) -> list[Any]:
+        """Send ``commands`` at once on the held connection and read a reply to each, as redis-py
+        gives it (the command's callback applied, with its ``options``); an error reply as its
+        exception, not raised. A connection lost on the way is retried as redis-py retries its
+        commands."""
+        read = functools.partial(_reply, self._redis)
+
+        def exchange(connection: Connection) -> list[Any]:
+            connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
+            return [read(connection, command[0], how) for command, how in zip(commands, options, strict=True)]
+
         with self._held.connection() as connection:
-            replies = connection.retry.call_with_retry(
-                lambda: _exchange(connection, commands),
+            return connection.retry.call_with_retry(
+                lambda: exchange(connection),
                 lambda _: connection.disconnect(),  # type: ignore[no-untyped-call]
             )
-        return self._settled(commands, replies)
 
     def _command(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
         return ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
@@ -131,9 +144,12 @@ class Scripts:
         job would be taken and then dropped, to wait for its lease)."""
         pipe = self._redis.pipeline(transaction=False)
         build(pipe)
-        # redis-py's queue of the pipeline's commands, as sent: execute() empties it.
+        # Sent on the held connection, not by the pipeline's execute(), which takes a connection
+        # from the pool and checks it with a poll first: twice the client's CPU per round trip here.
         commands = [args for args, _options in pipe.command_stack]
-        return self._settled(commands, pipe.execute(raise_on_error=False))
+        if not commands:
+            return []
+        return self._settled(commands, self._exchange(commands, [how for _args, how in pipe.command_stack]))
 
     def stream(self, calls: Iterable[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run the calls (script name, keys, args) in order on one connection, each sent before the
@@ -147,9 +163,9 @@ class Scripts:
                 sent.append(self._command(name, keys, args))
                 connection.send_command(*sent[-1])  # type: ignore[no-untyped-call]
                 if len(sent) > 1:
-                    replies.append(_reply(connection))
+                    replies.append(_reply(self._redis, connection, "EVALSHA", {}))
             if sent:
-                replies.append(_reply(connection))
+                replies.append(_reply(self._redis, connection, "EVALSHA", {}))
         return self._settled(sent, replies)
 
     def _settled(self, commands: list[Any], replies: list[Any]) -> list[Any]:
@@ -213,15 +229,10 @@ def _disconnected_on_error(connection: Connection) -> Iterator[Connection]:
         raise
 
 
-def _exchange(connection: Connection, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Send ``commands`` at once and read a reply to each (an error reply as its exception)."""
-    connection.send_packed_command(connection.pack_commands(commands))  # type: ignore[no-untyped-call]
-    return [_reply(connection) for _ in commands]
-
-
-def _reply(connection: Any) -> Any:
-    """The next reply on the connection; an error reply as its exception, not raised."""
+def _reply(redis: Redis, connection: Connection, command: str, options: dict[str, Any]) -> Any:
+    """The next reply on the connection, as redis-py gives it to ``command`` with its ``options``;
+    an error reply as its exception, not raised."""
     try:
-        return connection.read_response()
+        return redis.parse_response(connection, command, **options)  # type: ignore[no-untyped-call]
     except ResponseError as exc:
         return exc
