@@ -457,6 +457,20 @@ def test_numpy_arrays_round_trip(workers: Workers, remote: Callable[..., Any]) -
     assert numpy.array_equal(result, array * 2.0)
 
 
+def who_runs_me(_: object = None) -> tuple[int, str | None, str | None]:
+    return os.getpid(), os.environ.get("GPULAYER_JOB_ID"), os.environ.get("GPULAYER_ATTEMPT")
+
+
+@pytest.mark.slow
+def test_each_call_in_a_warm_executor_sees_its_own_job(workers: Workers, remote: Callable[..., Any]) -> None:
+    workers.start("w1", 1)
+    seen = remote(who_runs_me)
+    handles = [seen.remote() for _ in range(3)]
+    values = [handle.result(timeout=WAIT) for handle in handles]
+    assert len({pid for pid, _, _ in values}) == 1  # one executor ran them all
+    assert [(job, attempt) for _, job, attempt in values] == [(handle.id, "1") for handle in handles]
+
+
 @pytest.mark.slow
 def test_executors_stay_warm_unless_a_call_asks_for_a_fresh_one(
     workers: Workers, remote: Callable[..., Any]

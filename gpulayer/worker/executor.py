@@ -6,10 +6,11 @@ function may use CUDA whatever ran in the worker before. It runs in the code bun
 comes first on ``sys.path``. Requests and replies travel on two pipes the worker passes in; what the
 function prints goes to the executor's stdout and stderr, which the worker reads into the job's log.
 
-A request is a JSON header ``{"env"}`` and the call, whose digest the worker has found in the job's
-signature; a reply a JSON header ``{"ok": bool, "error": "Type: message", "children": bool}`` and the
-pickled result, or the pickled report of the exception (:func:`report`), which the worker signs for
-the job and attempt. The executor holds no key and no credential: nothing a call does can sign.
+A request is one message (:func:`pack`): a JSON header ``{"env"}`` and the call, whose digest the
+worker has found in the job's signature. A reply is one message too: a JSON header ``{"ok": bool,
+"error": "Type: message", "children": bool}`` and the pickled result, or the pickled report of the
+exception (:func:`report`), which the worker signs for the job and attempt. The executor holds no key
+and no credential: nothing a call does can sign.
 """
 
 from __future__ import annotations
@@ -43,19 +44,29 @@ def main(argv: list[str]) -> None:
     sys.path.insert(0, os.getcwd())
     while True:
         try:
-            header = json.loads(requests.recv_bytes())
-            payload = requests.recv_bytes()
+            header, payload = unpack(requests.recv_bytes())
         except EOFError:
             return
-        reply, blob = run(header, payload)
-        replies.send_bytes(json.dumps(reply).encode())
-        replies.send_bytes(blob)
+        replies.send_bytes(pack(*run(header, payload)))
+
+
+def pack(header: dict[str, Any], payload: bytes) -> bytes:
+    """A request or a reply as one message (one write, two reads): the JSON header, a newline, the
+    payload. The header as ``json.dumps`` writes it has no newline of its own."""
+    return json.dumps(header).encode() + b"\n" + payload
+
+
+def unpack(message: bytes) -> tuple[dict[str, Any], bytes]:
+    header, _, payload = message.partition(b"\n")
+    return json.loads(header), payload
 
 
 def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-    """Run one call with the job's environment, which is put back after."""
-    environment = dict(os.environ)
-    os.environ.update(header["env"])
+    """Run one call with the job's environment: the variables it sets are put back after (only
+    those: rewriting the whole environment cost a third of an executor's CPU per short call)."""
+    job_env: dict[str, str] = header["env"]
+    before = {name: os.environ.get(name) for name in job_env}
+    os.environ.update(job_env)
     reply: dict[str, Any]
     try:
         pickled, args, kwargs = pickle.loads(payload)  # the worker checked its digest against the signature
@@ -66,8 +77,11 @@ def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.environ.clear()
-        os.environ.update(environment)
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     # The worker kills what the call left running; it looks only when there is something to find.
     reply["children"] = has_children()
     return reply, blob

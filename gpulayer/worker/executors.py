@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -17,6 +16,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from .executor import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
 
 #: How an executor starts: a fresh interpreter that imports the executor's module and runs it.
@@ -62,12 +62,10 @@ class Executor:
             os.set_blocking(stream.fileno(), False)
 
     def send(self, header: dict[str, Any], payload: bytes) -> None:
-        self.requests.send_bytes(json.dumps(header).encode())
-        self.requests.send_bytes(payload)
+        self.requests.send_bytes(pack(header, payload))
 
     def receive(self) -> tuple[dict[str, Any], bytes]:
-        header = json.loads(self.replies.recv_bytes())
-        return header, self.replies.recv_bytes()
+        return unpack(self.replies.recv_bytes())
 
     @property
     def alive(self) -> bool:
