@@ -341,3 +341,62 @@ def test_the_wrapper_passes_shellcheck() -> None:
         [shellcheck, str(ROOT / "scripts" / "validate_gpu.sh")], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stdout
+
+
+#: A build backend of the stub checkout below: an editable wheel of metadata and a .pth, built
+#: from nothing, so that pip needs no index to install it.
+STUB_BACKEND = """
+import os, zipfile
+
+INFO = "gpulayer-0.dist-info/"
+FILES = {
+    "gpulayer.pth": os.path.abspath("src") + "\\n",
+    INFO + "METADATA": "Metadata-Version: 2.1\\nName: gpulayer\\nVersion: 0\\nProvides-Extra: torch\\n"
+    "Requires-Dist: torch; extra == 'torch'\\n",
+    INFO + "WHEEL": "Wheel-Version: 1.0\\nGenerator: stub\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
+}
+
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    name = "gpulayer-0-py3-none-any.whl"
+    with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as wheel:
+        for path, text in FILES.items():
+            wheel.writestr(path, text)
+        wheel.writestr(INFO + "RECORD", "".join(f"{path},,\\n" for path in [*FILES, INFO + "RECORD"]))
+    return name
+"""
+
+
+def test_the_wrapper_keeps_the_torch_of_a_python3_that_is_a_virtualenvs(tmp_path: Path) -> None:
+    """Where python3 is a virtual environment's with torch in it (as on the machines the device tool
+    lends), the .venv the wrapper makes installs nothing more for torch: offline, it still runs."""
+    parent = tmp_path / "parent"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(parent)], check=True)
+    [site] = parent.glob("lib/python*/site-packages")
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch-9.9.dist-info").mkdir()
+    (site / "torch-9.9.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 9.9\n"
+    )
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "validate_gpu.sh", checkout / "scripts")
+    (checkout / "src" / "gpulayer").mkdir(parents=True)
+    (checkout / "src" / "gpulayer" / "__init__.py").write_text("")
+    (checkout / "stub_backend.py").write_text(STUB_BACKEND)
+    (checkout / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "stub_backend"\nbackend-path = ["."]\n'
+    )
+    (checkout / "benchmarks").mkdir()
+    (checkout / "benchmarks" / "validate_gpu.py").write_text(
+        "import sys, torch, gpulayer\nprint('ran with', torch.__file__, *sys.argv[1:])\n"
+    )
+    done = subprocess.run(
+        [str(checkout / "scripts" / "validate_gpu.sh"), "--budget", "1"],
+        env={"PATH": f"{parent / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PIP_NO_INDEX": "1",
+             "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"ran with {site / 'torch' / '__init__.py'} --budget 1"

@@ -17,7 +17,7 @@ Message = tuple[Literal["event", "revoked"], str]
 class Subscription:
     def __init__(self, redis: Redis, keys: Keys) -> None:
         self._keys = keys
-        self._pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         self._pubsub.subscribe(keys.tokens_revoked)
         self._events = False
 

@@ -30,7 +30,7 @@ class Listener(threading.Thread):
     ) -> None:
         super().__init__(name="gpulayer-listener", daemon=True)
         self._on_change = on_change
-        self._pubsub = connection.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        self._pubsub = connection.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         self._lock = threading.Lock()
         self._wanted = dict(channels)
         self._subscribed: set[str] = set()
@@ -67,7 +67,7 @@ class Listener(threading.Thread):
         if added:
             self._pubsub.subscribe(**added)
         if removed:
-            self._pubsub.unsubscribe(*removed)
+            self._pubsub.unsubscribe(*removed)  # type: ignore[no-untyped-call, unused-ignore]
         self._subscribed = set(wanted)
         if added:
             self._on_change()
