@@ -136,10 +136,19 @@ def rq_worker(url: str, worker_class: str, *extra: str, queue: str = "bench") ->
             "--logging_level", "WARNING", *extra, queue]  # fmt: skip
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM a worker and wait for it to exit."""
+def stop(process: subprocess.Popen[bytes], *, peer: bool = False) -> None:
+    """SIGTERM a worker and wait for it to exit. A ``peer``'s worker that has not within 30 s is
+    killed, saying so (an RQ `SimpleWorker` did not, now and then, after its last job on 2026-12-04:
+    a peer that hangs on its way out must not throw away the run's figures); GPUlayer's must exit."""
     process.send_signal(signal.SIGTERM)
-    process.wait(30)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        if not peer:
+            raise
+        print(f"(killed {process.args[-1]!r}'s worker: no exit 30 s after SIGTERM)", file=sys.stderr)
+        process.kill()
+        process.wait()
 
 
 def dramatiq_tasks_on(url: str) -> ModuleType | None:

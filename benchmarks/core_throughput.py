@@ -149,7 +149,7 @@ def rq_end_to_end(url: str, jobs: int) -> dict[str, float]:
     assert all(handle.latest_result(timeout=120) is not None for handle in handles)
     ended = time.perf_counter()
     for worker in workers:
-        stop(worker)
+        stop(worker, peer=True)
     connection.close()
     return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started)}
 

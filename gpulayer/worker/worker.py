@@ -377,8 +377,11 @@ class Worker(BaseWorker):
                 backoff = 1.0
                 if outcome in ("took", "again"):
                     continue
-                if outcome == "nothing" and timeout is None:
-                    return None  # burst mode: the queues are empty
+                if outcome == "nothing" and timeout is None and not self._holding():
+                    # Burst mode: the queues are empty and none of its jobs is left to run. (While
+                    # one runs, its end may still claim the queue's last job, as RQ's burst worker
+                    # looks again after each job; ended now, that job went back with no worker left.)
+                    return None
                 if self._runners:
                     idle_since = time.monotonic()
                 elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
@@ -420,6 +423,11 @@ class Worker(BaseWorker):
         if self._claimed:
             return "took"
         return "nothing" if free > 0 else "full"
+
+    def _holding(self) -> bool:
+        """Whether any of its jobs runs, or is claimed and not yet started."""
+        with self._lock:
+            return bool(self._runners or self._claimed)
 
     def _busy(self) -> int:
         """How many of its jobs are still at work (not only recording their end)."""
