@@ -10,6 +10,10 @@ A step's time is wall-clock time, the device synchronized at each epoch's start 
 the median over the epochs after ``--warm`` (which hold the compilation and the first CUDA
 kernels); the Trainer's epoch is timed by a callback at its ``on_train_epoch_start`` and ``_end``.
 
+``--width`` and ``--batch`` size the hidden layers and the batch: at the defaults a step is mostly
+Python and kernel launches on the host; at ``--width 8192 --batch 1024`` an fp32 step is GPU work,
+which shows whether the Trainer lets the host run ahead of the GPU as a plain loop does.
+
     python benchmarks/_gpu_trainer.py --device cuda --precision bf16 [--compile] --out result.json
 """
 
@@ -22,6 +26,7 @@ import math
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +44,36 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass(frozen=True)
+class Shape:
+    """The hidden layers' width and the batch: trainer_overhead.py's by default, where a step is mostly
+    Python and kernel launches; wider and larger, the GPU's work outweighs them."""
+
+    width: int = 256
+    batch: int = BATCH
+
+    @property
+    def steps(self) -> int:
+        return SAMPLES // self.batch
+
+
 class Net(torch.nn.Module):
     """The network behind a forward of its own, as the Trainer's module has: ``nn.Module.compile()``
     of a bare ``Sequential`` compiles nothing (dynamo skips a call that is all torch.nn's code)."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.net = network()
+        self.net = network(width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)  # type: ignore[no-any-return]
 
 
-def plain(device: torch.device, precision: str, compile: bool, epochs: int) -> dict[str, Any]:
-    model = Net().to(device)
+def plain(device: torch.device, precision: str, compile: bool, epochs: int, shape: Shape) -> dict[str, Any]:
+    model = Net(shape.width).to(device)
     if compile:
         model.compile()
-    data: DataLoader[Any] = loader()
+    data: DataLoader[Any] = loader(shape.batch)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     dtype = AUTOCAST[precision]
     scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
@@ -84,15 +102,15 @@ def plain(device: torch.device, precision: str, compile: bool, epochs: int) -> d
     return {
         "epoch_seconds": seconds,
         "output_dtype": seen,
-        "loss": float(total) / (SAMPLES // BATCH),
+        "loss": float(total) / shape.steps,
         "param_device": str(next(model.parameters()).device),
     }
 
 
 class Regression(gl.torch.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.net = network()
+        self.net = network(width)
         self.output_dtype = ""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,8 +143,8 @@ class EpochClock(gl.torch.Callback):
         self.seconds.append(time.perf_counter() - self._started)
 
 
-def trainer(device: torch.device, precision: str, compile: bool, epochs: int) -> dict[str, Any]:
-    module, clock = Regression(), EpochClock(device)
+def trainer(device: torch.device, precision: str, compile: bool, epochs: int, shape: Shape) -> dict[str, Any]:
+    module, clock = Regression(shape.width), EpochClock(device)
     with tempfile.TemporaryDirectory() as folder:
         metrics = gl.torch.Trainer(
             accelerator=device.type,
@@ -139,7 +157,7 @@ def trainer(device: torch.device, precision: str, compile: bool, epochs: int) ->
             enable_progress_bar=False,
             resume=False,
             log_every_n_steps=10**6,
-        ).fit(module, loader())
+        ).fit(module, loader(shape.batch))
     return {
         "epoch_seconds": clock.seconds,
         "output_dtype": module.output_dtype,
@@ -171,8 +189,8 @@ def measured(run: Any, *args: Any) -> dict[str, Any]:
 SIDES = {"plain": plain, "trainer": trainer}
 
 
-def step_ms(side: dict[str, Any], warm: int) -> float:
-    return 1000 * float(statistics.median(side["epoch_seconds"][warm:])) / (SAMPLES // BATCH)
+def step_ms(side: dict[str, Any], warm: int, shape: Shape) -> float:
+    return 1000 * float(statistics.median(side["epoch_seconds"][warm:])) / shape.steps
 
 
 def main() -> None:
@@ -182,22 +200,29 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--warm", type=int, default=2, help="epochs not timed")
     parser.add_argument("--epochs", type=int, default=4, help="epochs timed")
+    parser.add_argument("--width", type=int, default=Shape.width, help="of the hidden layers (256)")
+    parser.add_argument("--batch", type=int, default=Shape.batch, help=f"samples a step ({BATCH})")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
+    shape = Shape(args.width, args.batch)
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)  # as trainer_overhead.py measures the CPU
     total = args.warm + args.epochs
-    sides = {name: measured(run, device, args.precision, args.compile, total) for name, run in SIDES.items()}
+    sides = {
+        name: measured(run, device, args.precision, args.compile, total, shape) for name, run in SIDES.items()
+    }
     for side in sides.values():
-        side["step_ms"] = step_ms(side, args.warm)
+        side["step_ms"] = step_ms(side, args.warm, shape)
     result = {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "precision": args.precision,
         "compile": args.compile,
-        "steps_per_epoch": SAMPLES // BATCH,
+        "width": shape.width,
+        "batch": shape.batch,
+        "steps_per_epoch": shape.steps,
         "epochs": {"warm": args.warm, "timed": args.epochs},
         **sides,
         "ratio": sides["trainer"]["step_ms"] / sides["plain"]["step_ms"],

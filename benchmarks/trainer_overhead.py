@@ -71,19 +71,19 @@ WARM_EPOCHS = 2
 RANKS = 2
 
 
-def network() -> torch.nn.Module:
+def network(width: int = 256) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 1),
+        torch.nn.Linear(FEATURES, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, 1),
     )  # fmt: skip
 
 
-def loader() -> DataLoader[Any]:
+def loader(batch: int = BATCH) -> DataLoader[Any]:
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, FEATURES, generator=generator)
     y = x.sum(dim=1, keepdim=True)
-    return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
+    return DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)
 
 
 def plain(epochs: int, _: Path) -> None:
