@@ -146,7 +146,7 @@ def stop(process: subprocess.Popen[bytes], *, peer: bool = False) -> None:
     except subprocess.TimeoutExpired:
         if not peer:
             raise
-        print(f"(killed {process.args[-1]!r}'s worker: no exit 30 s after SIGTERM)", file=sys.stderr)
+        print(f"(killed the peer's worker {process.pid}: no exit 30 s after SIGTERM)", file=sys.stderr)
         process.kill()
         process.wait()
 

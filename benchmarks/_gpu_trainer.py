@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from trainer_overhead import BATCH, SAMPLES, loader, network
+from trainer_overhead import BATCH, SAMPLES, WIDTH, loader, network
 
 import gpulayer as gl
 
@@ -49,7 +49,7 @@ class Shape:
     """The hidden layers' width and the batch: trainer_overhead.py's by default, where a step is mostly
     Python and kernel launches; wider and larger, the GPU's work outweighs them."""
 
-    width: int = 256
+    width: int = WIDTH
     batch: int = BATCH
 
     @property
@@ -200,7 +200,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--warm", type=int, default=2, help="epochs not timed")
     parser.add_argument("--epochs", type=int, default=4, help="epochs timed")
-    parser.add_argument("--width", type=int, default=Shape.width, help="of the hidden layers (256)")
+    parser.add_argument("--width", type=int, default=Shape.width, help=f"of the hidden layers ({WIDTH})")
     parser.add_argument("--batch", type=int, default=Shape.batch, help=f"samples a step ({BATCH})")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()

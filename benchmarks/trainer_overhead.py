@@ -66,12 +66,12 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer as gl
 from gpulayer.network import free_port
 
-SAMPLES, BATCH, FEATURES = 8192, 64, 32
+SAMPLES, BATCH, FEATURES, WIDTH = 8192, 64, 32, 256
 WARM_EPOCHS = 2
 RANKS = 2
 
 
-def network(width: int = 256) -> torch.nn.Module:
+def network(width: int = WIDTH) -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
         torch.nn.Linear(FEATURES, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
@@ -186,7 +186,7 @@ def _prelude() -> str:
         "from __future__ import annotations\n\n"
         "import json\nimport os\nimport sys\nimport time\nfrom typing import Any\n\n"
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n\n"
-        f"SAMPLES, BATCH, FEATURES = {SAMPLES}, {BATCH}, {FEATURES}\n\n\n"
+        f"SAMPLES, BATCH, FEATURES, WIDTH = {SAMPLES}, {BATCH}, {FEATURES}, {WIDTH}\n\n\n"
         + inspect.getsource(network)
         + "\n\n"
         + inspect.getsource(loader)
