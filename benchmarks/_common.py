@@ -137,16 +137,18 @@ def rq_worker(url: str, worker_class: str, *extra: str, queue: str = "bench") ->
 
 
 def stop(process: subprocess.Popen[bytes], *, peer: bool = False) -> None:
-    """SIGTERM a worker and wait for it to exit. A ``peer``'s worker that has not within 30 s is
-    killed, saying so (an RQ `SimpleWorker` did not, now and then, after its last job on 2026-12-04:
-    a peer that hangs on its way out must not throw away the run's figures); GPUlayer's must exit."""
+    """SIGTERM a worker and wait for it to exit. A ``peer``'s worker that has not within 10 s is
+    killed, saying so; GPUlayer's must exit. RQ 2.12's worker, with redis-py 8.2, may take up to a
+    minute: it unsubscribes its pub/sub thread, which then waits up to its 60 s poll for a new
+    subscription, and redis-py's ``PubSubWorkerThread.stop()`` now joins it (one exit in eight
+    here, 2026-12-04); a peer that hangs on its way out must not throw away the run's figures."""
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(30)
+        process.wait(10 if peer else 30)
     except subprocess.TimeoutExpired:
         if not peer:
             raise
-        print(f"(killed the peer's worker {process.pid}: no exit 30 s after SIGTERM)", file=sys.stderr)
+        print(f"(killed the peer's worker {process.pid}: no exit 10 s after SIGTERM)", file=sys.stderr)
         process.kill()
         process.wait()
 

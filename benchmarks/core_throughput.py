@@ -171,7 +171,7 @@ def dramatiq_end_to_end(url: str, jobs: int) -> dict[str, float] | None:
     assert all(message.get_result(block=True, timeout=120_000) == 0 for message in messages)
     ended = time.perf_counter()
     spent = _spent(before, _cpu(meters), jobs)
-    stop(workers)
+    stop(workers, peer=True)
     return {"submit_ms": (submitted - started) / jobs * 1000, "jobs_per_s": jobs / (ended - started), **spent}
 
 
@@ -251,7 +251,7 @@ def rq_latency(url: str, runs: int, worker_class: str) -> dict[str, float]:
         assert job.started_at is not None
         assert job.enqueued_at is not None
         latencies.append((job.started_at - job.enqueued_at).total_seconds() * 1000)
-    stop(worker)
+    stop(worker, peer=True)
     connection.close()
     return {"p50_ms": median(latencies), "p95_ms": percentile(latencies, 0.95)}
 

@@ -116,7 +116,7 @@ def rq_run(url: str, calls: int, runs: int, repeats: int, worker_class: str) -> 
         assert values == list(range(calls))
 
     seconds = timed(repeats, mapped)
-    stop(workers.pop())
+    stop(workers.pop(), peer=True)
     latencies = []
     for i in range(runs):
         started = time.perf_counter()
@@ -124,7 +124,7 @@ def rq_run(url: str, calls: int, runs: int, repeats: int, worker_class: str) -> 
         assert result is not None
         assert result.return_value == i
         latencies.append((time.perf_counter() - started) * 1000)
-    stop(workers.pop())
+    stop(workers.pop(), peer=True)
     connection.close()
     return {
         "calls_per_s": calls / seconds,
@@ -147,7 +147,7 @@ def dramatiq_run(url: str, calls: int, repeats: int) -> dict[str, float] | None:
         assert [message.get_result(block=True, timeout=60_000) for message in messages] == list(range(calls))
 
     seconds = timed(repeats, mapped)
-    stop(workers)
+    stop(workers, peer=True)
     return {"calls_per_s": calls / seconds}
 
 
