@@ -99,6 +99,7 @@ def gpulayer_end_to_end(url: str, home: Path, jobs: int, background: bool = Fals
     workers = [spawn(gpulayer_worker(url, f"e2e{i}", os.cpu_count() or 1), env=env) for i in range(2)]
     while len(client.workers()) < 2:
         time.sleep(0.01)
+    assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED  # warm, as the peers are
     meters = [psutil.Process(worker.pid) for worker in workers]
     before = _cpu(meters)
     started = time.perf_counter()
@@ -143,6 +144,7 @@ def rq_end_to_end(url: str, jobs: int) -> dict[str, float]:
 
     while len(Worker.all(connection=connection)) < 2:
         time.sleep(0.01)
+    assert queue.enqueue(RQ_FUNCTION, "true").latest_result(timeout=30) is not None  # warm
     started = time.perf_counter()
     handles = [queue.enqueue(RQ_FUNCTION, "true") for _ in range(jobs)]
     submitted = time.perf_counter()
@@ -164,6 +166,8 @@ def dramatiq_end_to_end(url: str, jobs: int) -> dict[str, float] | None:
     # The processes that run the actors: the ones Dramatiq's command started.
     started_by = psutil.Process(workers.pid).children(recursive=True)
     meters = [process for process in started_by if process.name().startswith("python")]
+    # Warm: a consumer that found its queue empty sleeps, longer each time, up to 1 s.
+    assert tasks.run_command.send("true").get_result(block=True, timeout=60_000) == 0
     before = _cpu(meters)
     started = time.perf_counter()
     messages = [tasks.run_command.send("true") for _ in range(jobs)]
@@ -279,7 +283,8 @@ def end_to_end_rounds(url: str, home: Path, jobs: int, rounds: int) -> dict[str,
     """Each system's end-to-end run, ``rounds`` times in turn. This machine's speed drifts by a fifth
     within minutes, and one run of each can show the same code anywhere from 0.76x to 0.88x the peer:
     each ratio is taken within its round, beside the peer's run of that round, and every figure
-    kept is the median over the rounds (``vs_dramatiq`` the median ratio)."""
+    kept is the median over the rounds (``vs_dramatiq`` the median ratio). Each system runs one job
+    before it is timed: Dramatiq's consumers, idle since their start, would otherwise be asleep."""
     systems: dict[str, Callable[[], dict[str, float] | None]] = {
         "gpulayer": lambda: gpulayer_end_to_end(url, home, jobs),
         "gpulayer, background submits": lambda: gpulayer_end_to_end(url, home, jobs, background=True),
