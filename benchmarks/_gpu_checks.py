@@ -149,7 +149,9 @@ def telemetry(target: Target, hub: Hub, timeout: float) -> Outcome:
     if made.returncode != 0:
         return Outcome("fail", f"token create exited {made.returncode}: {tail(made.stderr)}")
     token = made.stdout.strip().splitlines()[-1]
-    idle = poll_metrics(hub, token, lambda seen: len(seen) >= 2, min(10.0, timeout / 4))
+    # The check before may have left its load in the worker's latest sample (one a second): the
+    # GPU is idle once a reading says so, not at the first two readings.
+    idle = poll_metrics(hub, token, lambda seen: len(seen) >= 2 and seen[-1] < BUSY, min(10.0, timeout / 4))
     load_for = max(5.0, min(20.0, timeout / 3))
     job = hub.submit("load", "--device", target.device, "--seconds", str(load_for), gpus=1)
     wait_for(lambda: said(job), timeout / 3, 0.2)
