@@ -142,13 +142,14 @@ def stop(process: subprocess.Popen[bytes], *, peer: bool = False) -> None:
     minute: it unsubscribes its pub/sub thread, which then waits up to its 60 s poll for a new
     subscription, and redis-py's ``PubSubWorkerThread.stop()`` now joins it (one exit in eight
     here, 2026-12-04); a peer that hangs on its way out must not throw away the run's figures."""
+    grace = 10 if peer else 30
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(10 if peer else 30)
+        process.wait(grace)
     except subprocess.TimeoutExpired:
         if not peer:
             raise
-        print(f"(killed the peer's worker {process.pid}: no exit 10 s after SIGTERM)", file=sys.stderr)
+        print(f"(killed the peer's worker {process.pid}: no exit {grace} s after SIGTERM)", file=sys.stderr)
         process.kill()
         process.wait()
 

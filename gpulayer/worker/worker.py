@@ -377,7 +377,7 @@ class Worker(BaseWorker):
                 backoff = 1.0
                 if outcome in ("took", "again"):
                     continue
-                if outcome == "nothing" and timeout is None and not self._holding():
+                if outcome == "nothing" and timeout is None and not self._claims():
                     # Burst mode: the queues are empty and none of its jobs is left to run. (While
                     # one runs, its end may still claim the queue's last job, as RQ's burst worker
                     # looks again after each job; ended now, that job went back with no worker left.)
@@ -423,11 +423,6 @@ class Worker(BaseWorker):
         if self._claimed:
             return "took"
         return "nothing" if free > 0 else "full"
-
-    def _holding(self) -> bool:
-        """Whether any of its jobs runs, or is claimed and not yet started."""
-        with self._lock:
-            return bool(self._runners or self._claimed)
 
     def _busy(self) -> int:
         """How many of its jobs are still at work (not only recording their end)."""
