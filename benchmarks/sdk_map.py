@@ -8,7 +8,10 @@ Each system gets the same work, on the same Redis, with two worker processes on 
 * round trip: one call at a time on an idle worker, from submit to its value back in the caller
   (``f.remote(x).result()``; RQ: ``enqueue`` then ``latest_result``), p50 and p95;
 * cold start (GPUlayer only): the first call on a newly registered worker, which starts its Python
-  executor.
+  executor;
+* what results as data cost (GPUlayer only): the same map with ``allow_pickle=True``, round by round
+  beside the default (the allow-list), and, in this process alone, microseconds per result of
+  typical kinds unpickled as data against ``pickle.loads`` of the pickle a worker wrote before.
 
 GPUlayer runs with one slot per worker (RQ's concurrency) and with one slot per core; RQ with its
 default forking ``Worker`` and with ``SimpleWorker``. Workers log at WARNING on both sides.
@@ -19,12 +22,19 @@ default forking ``Worker`` and with ``SimpleWorker``. Workers log at WARNING on 
 from __future__ import annotations
 
 import argparse
+import datetime
+import decimal
 import os
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import cloudpickle
+import numpy
 import redis
+import torch
 from _common import (
     dramatiq_tasks_on,
     dramatiq_workers,
@@ -42,6 +52,8 @@ from rq import Queue, Worker
 
 import gpulayer as gl
 from gpulayer import Client, Settings
+from gpulayer.payloads import dump_result
+from gpulayer.unpickling import OwnCode, Policy, loads_data
 
 RQ_FUNCTION = "rq_tasks.noop"
 
@@ -50,14 +62,16 @@ def noop(x: int) -> int:
     return x
 
 
-def timed(rounds: int, run: Callable[[], None]) -> float:
-    """The median time of ``rounds`` runs, in seconds."""
-    times = []
+def timed(rounds: int, *runs: Callable[[], None]) -> list[float]:
+    """The median time of ``rounds`` runs of each of ``runs``, in seconds; the runs take turns in
+    each round, so a slow minute of the machine falls on all of them."""
+    times: list[list[float]] = [[] for _ in runs]
     for _ in range(rounds):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return median(times)
+        for run, taken in zip(runs, times, strict=True):
+            started = time.perf_counter()
+            run()
+            taken.append(time.perf_counter() - started)
+    return [median(taken) for taken in times]
 
 
 def gpulayer_run(url: str, home: Path, calls: int, runs: int, repeats: int, slots: int) -> dict[str, float]:
@@ -78,10 +92,15 @@ def gpulayer_run(url: str, home: Path, calls: int, runs: int, repeats: int, slot
     # Warm both workers' executors, as any session past its first calls has them.
     assert list(f.map(range(8 * slots))) == list(range(8 * slots))
 
+    trusting = f.options(allow_pickle=True)
+
     def mapped() -> None:
         assert list(f.map(range(calls))) == list(range(calls))
 
-    seconds = timed(repeats, mapped)
+    def mapped_allowing_pickle() -> None:
+        assert list(trusting.map(range(calls))) == list(range(calls))
+
+    seconds, seconds_allowing_pickle = timed(repeats, mapped, mapped_allowing_pickle)
     stop(second)
     latencies = []
     for i in range(runs):
@@ -92,6 +111,7 @@ def gpulayer_run(url: str, home: Path, calls: int, runs: int, repeats: int, slot
     client.close()
     return {
         "calls_per_s": calls / seconds,
+        "calls_per_s_allow_pickle": calls / seconds_allowing_pickle,
         "p50_ms": median(latencies),
         "p95_ms": percentile(latencies, 0.95),
         "cold_start_ms": cold_ms,
@@ -115,7 +135,7 @@ def rq_run(url: str, calls: int, runs: int, repeats: int, worker_class: str) -> 
             values.append(result.return_value)
         assert values == list(range(calls))
 
-    seconds = timed(repeats, mapped)
+    [seconds] = timed(repeats, mapped)
     stop(workers.pop(), peer=True)
     latencies = []
     for i in range(runs):
@@ -146,9 +166,48 @@ def dramatiq_run(url: str, calls: int, repeats: int) -> dict[str, float] | None:
         messages = [tasks.noop.send(i) for i in range(calls)]
         assert [message.get_result(block=True, timeout=60_000) for message in messages] == list(range(calls))
 
-    seconds = timed(repeats, mapped)
+    [seconds] = timed(repeats, mapped)
     stop(workers, peer=True)
     return {"calls_per_s": calls / seconds}
+
+
+def results_of_each_kind() -> dict[str, Any]:
+    """What remote functions typically return."""
+    when = datetime.datetime(2026, 12, 4, tzinfo=datetime.timezone.utc)
+    return {
+        "an int": 7,
+        "a dict of 10 metrics": {f"metric{i}": i / 3 for i in range(10)},
+        "100 records (dicts of str, int, float, datetime, Decimal)": [
+            {
+                "name": f"run{i}",
+                "step": i,
+                "loss": i / 7,
+                "at": when,
+                "cost": decimal.Decimal(i),
+            }
+            for i in range(100)
+        ],
+        "a numpy array of 100,000 floats": numpy.arange(100_000, dtype=numpy.float64),
+        "a torch tensor of 100,000 floats": torch.arange(100_000, dtype=torch.float32),
+        "an exception": ValueError("bad input"),
+    }
+
+
+def unpickling_costs(rounds: int = 2000) -> dict[str, dict[str, float]]:
+    """Microseconds per result: as a client unpickled it before (``pickle.loads`` of what cloudpickle
+    wrote on the worker) and as data now (:func:`loads_data` of what ``dump_result`` writes)."""
+    policy = Policy(OwnCode(frozenset))
+    costs = {}
+    for kind, value in results_of_each_kind().items():
+        before, now = cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), dump_result(value)
+        count = max(20, rounds // max(1, len(now) // 10_000))
+        [whole, data] = timed(
+            5,
+            lambda before=before, count=count: [pickle.loads(before) for _ in range(count)],
+            lambda now=now, count=count: [loads_data(now, policy) for _ in range(count)],
+        )
+        costs[kind] = {"pickle_us": whole / count * 1e6, "data_us": data / count * 1e6, "bytes": len(now)}
+    return costs
 
 
 def main() -> None:
@@ -193,6 +252,12 @@ def main() -> None:
     for name, run in runs.items():
         if "cold_start_ms" in run:
             print(f"{name}: first call on a new worker (starts its executor): {run['cold_start_ms']:.0f} ms")
+            print(f"{name}: allow_pickle=True {run['calls_per_s_allow_pickle']:.0f} calls/s, results as data "
+                  f"{run['calls_per_s'] / run['calls_per_s_allow_pickle']:.2f}x that")  # fmt: skip
+    costs = unpickling_costs()
+    print(f"\n{'one result, µs to unpickle':58} {'pickle':>8} {'as data':>8} {'bytes':>9}")
+    for kind, cost in costs.items():
+        print(f"{kind:58} {cost['pickle_us']:8.1f} {cost['data_us']:8.1f} {cost['bytes']:9.0f}")
     path = save(
         "sdk_map",
         {
@@ -201,6 +266,7 @@ def main() -> None:
             "repeats": args.repeats,
             "runs": runs,
             "dramatiq": dramatiq,
+            "unpickling_us": costs,
         },
     )
     print(f"\nsaved {path}")

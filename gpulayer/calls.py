@@ -18,7 +18,7 @@ from typing import Any
 
 from redis.client import Pipeline
 
-from .archive import SPOOL_BYTES
+from .archive import SPOOL_BYTES, source_manifest
 from .bundles import Bundle, BundleCache, archive_digest, project_root
 from .errors import (
     ArtifactTooLarge,
@@ -29,6 +29,7 @@ from .errors import (
     JobNotFound,
     JobTimedOut,
     RemoteError,
+    SourceError,
     WorkerLost,
 )
 from .models import (
@@ -50,6 +51,7 @@ from .signing import Keyring, VerifyKey
 from .store.artifacts import RedisArtifactStore, small_files
 from .store.jobs import JobStore, submitted, under_new_ids
 from .units import format_size
+from .unpickling import OwnCode, Policy, Refused, loads_data
 
 #: Calls submitted per round trip.
 BATCH = 256
@@ -83,11 +85,19 @@ class CallOptions:
     nodes: int | None = None
     procs_per_node: int | None = None
     launcher: Launcher | None = None
+    #: Unpickle results whole, as code, rather than as data only (None: as the client says). Not part
+    #: of the job: the caller's choice of how far it trusts this installation's workers.
+    allow_pickle: bool | None = None
 
 
 class Calls:
     def __init__(
-        self, settings: Settings, jobs: JobStore, artifacts: RedisArtifactStore, keyring: Keyring
+        self,
+        settings: Settings,
+        jobs: JobStore,
+        artifacts: RedisArtifactStore,
+        keyring: Keyring,
+        allow_pickle: bool = False,
     ) -> None:
         self._settings = settings
         self._jobs = jobs
@@ -98,6 +108,10 @@ class Calls:
         self._shipped: dict[str, tuple[float, str]] = {}
         #: The folder each bundle was made from: the code pickled by value names its files from there.
         self._roots: dict[str, Path] = {}
+        own = OwnCode(self._own_files)
+        #: How results are unpickled, by whether pickle is allowed; each keeps what it resolved.
+        self._policies = {False: Policy(own), True: Policy(own, allow_pickle=True)}
+        self._allow_pickle = allow_pickle
 
     @property
     def _results(self) -> VerifyKey:
@@ -132,7 +146,12 @@ class Calls:
         if max_in_flight is not None and max_in_flight < 1:
             raise InvalidJobSpec("max_in_flight must be at least 1")
         run = _MapRun(
-            self, self.spec(function, options), function, iter(calls), max_in_flight or MAX_IN_FLIGHT
+            self,
+            self.spec(function, options),
+            function,
+            iter(calls),
+            max_in_flight or MAX_IN_FLIGHT,
+            options.allow_pickle,
         )
         run.fill()
         return run.results(ordered)
@@ -154,6 +173,19 @@ class Calls:
             priority=options.priority,
             **{field: value for field, value in retry.items() if value is not None},
         )
+
+    def _own_files(self) -> frozenset[Path]:
+        """The files of the caller's own code: what the folders this client shipped hold, and the one
+        a call ships by default (the running script's). A link is not its target's: it may point
+        anywhere, the standard library included."""
+        files: set[Path] = set()
+        for root in {*self._roots.values(), project_root()}:
+            try:
+                members = source_manifest(root, self._settings.max_source_bytes).members.values()
+            except SourceError:
+                continue
+            files.update(path.resolve() for path in members if path.suffix == ".py" and not path.is_symlink())
+        return frozenset(files)
 
     def _ship(self, bundle: Bundle) -> str:
         """Upload the bundle unless Redis has it whole (asking also keeps it from expiring); the name
@@ -244,23 +276,24 @@ class Calls:
         [outputs] = self._jobs.pipeline(lambda pipe: self._artifacts.queue_outputs(pipe, record.id))
         return record, _payloads(outputs)
 
-    def value(self, ending: Ending) -> Any:
-        """What the call returned; or the exception it raised, raised here; or :class:`JobFailed`."""
+    def value(self, ending: Ending, allow_pickle: bool | None = None) -> Any:
+        """What the call returned; or the exception it raised, raised here; or :class:`JobFailed`.
+        Unpickled as data only unless ``allow_pickle`` (None: as the client was told)."""
         record, stored = ending
+        policy = self._policies[self._allow_pickle if allow_pickle is None else allow_pickle]
         if record.state is JobState.SUCCEEDED and RESULT in stored:
-            return load_result(self._results, record.id, record.attempt, RESULT, stored[RESULT])
-        raise self._error(record, stored)
+            return load_result(self._results, record.id, record.attempt, RESULT, stored[RESULT], policy)
+        raise self._error(record, stored, policy)
 
-    def _error(self, record: JobRecord, stored: dict[str, bytes]) -> BaseException:
+    def _error(self, record: JobRecord, stored: dict[str, bytes], policy: Policy) -> BaseException:
         job, name = record.id, record.command[0]
         if record.state is JobState.CANCELLED:
             return JobCancelled(f"job {job} ({name}) was cancelled", job)
         if record.state is JobState.TIMED_OUT:
             return JobTimedOut(f"job {job} ({name}) {record.reason}", job)
         if ERROR in stored:
-            return _raised(
-                record, load_result(self._results, record.id, record.attempt, ERROR, stored[ERROR])
-            )
+            report = load_result(self._results, record.id, record.attempt, ERROR, stored[ERROR], policy)
+            return _raised(record, report, policy)
         if record.reason_code == WORKER_LOST:  # a gang's reason says more: "worker lost: ..."
             lost = sum(attempt.outcome == "lost" for attempt in record.attempts)
             return WorkerLost(
@@ -273,9 +306,16 @@ class _MapRun:
     """One ``map``: its calls' jobs share a batch token, so each one's end is pushed on one list."""
 
     def __init__(
-        self, calls: Calls, spec: JobSpec, function: Callable[..., Any], pending: Iterator[Call], window: int
+        self,
+        calls: Calls,
+        spec: JobSpec,
+        function: Callable[..., Any],
+        pending: Iterator[Call],
+        window: int,
+        allow_pickle: bool | None,
     ) -> None:
         self._calls = calls
+        self._allow_pickle = allow_pickle
         self._spec = spec
         self._function = function
         self._pending = pending
@@ -303,11 +343,11 @@ class _MapRun:
             while True:
                 if ordered:
                     while next_index in ended:
-                        yield self._calls.value(ended.pop(next_index))
+                        yield self._calls.value(ended.pop(next_index), self._allow_pickle)
                         next_index += 1
                 else:
                     for index in list(ended):
-                        yield self._calls.value(ended.pop(index))
+                        yield self._calls.value(ended.pop(index), self._allow_pickle)
                 self.fill()
                 if not self._waiting:
                     return
@@ -340,14 +380,18 @@ class RemoteTraceback(Exception):
     """Where a remote function raised, on Python versions without exception notes."""
 
 
-def _raised(record: JobRecord, report: dict[str, Any]) -> BaseException:
-    """The exception a call raised, rebuilt with its remote traceback, or a :class:`RemoteError`."""
+def _raised(record: JobRecord, report: dict[str, Any], policy: Policy) -> BaseException:
+    """The exception a call raised, rebuilt with its remote traceback, or a :class:`RemoteError`
+    (its class cannot be found here, or is not data): a remote failure is never hidden."""
     where = f"job {record.id} on worker {record.worker}"
     text = report["traceback"]
     exc = None
+    why = ""
     if report["exception"] is not None:
         try:
-            exc = pickle.loads(report["exception"])  # inside the verified payload
+            exc = loads_data(report["exception"], policy)  # inside the verified payload
+        except Refused as refused:
+            why = f" (not rebuilt here: its pickle calls {refused})"
         except Exception:  # its class cannot be imported here: described instead
             exc = None
     if isinstance(exc, Exception):
@@ -356,7 +400,7 @@ def _raised(record: JobRecord, report: dict[str, Any]) -> BaseException:
         else:
             exc.__cause__ = RemoteTraceback(f"{where}\n{text}")
         return exc
-    message = f"{report['type']}: {report['message']}\n\nRemote traceback ({where}):\n{text.rstrip()}"
+    message = f"{report['type']}: {report['message']}{why}\n\nRemote traceback ({where}):\n{text.rstrip()}"
     return RemoteError(message, record.id, report["type"], text)
 
 

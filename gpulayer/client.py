@@ -96,6 +96,10 @@ class Client:
     before the job is in Redis: a thread sends the submits, many per round trip and under one
     signature. Every call that reads or changes jobs waits for them first (:meth:`flush`), and
     raises :class:`SubmitFailed` for those that did not get there; so does the next submit.
+
+    A function's result is unpickled as data only (see :mod:`gpulayer.unpickling`): a global that is
+    not data raises :class:`UnsafePickle`, uncalled. ``allow_pickle`` unpickles results whole, for
+    workers trusted with code (a remote function's own ``allow_pickle`` overrides it).
     """
 
     def __init__(
@@ -105,6 +109,7 @@ class Client:
         settings: Settings | None = None,
         access: Access | None = None,
         background_submits: bool = False,
+        allow_pickle: bool = False,
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.access = access or accesses.resolve(redis_url or self.settings.redis_url, self.settings.home)
@@ -112,7 +117,9 @@ class Client:
         self.redis = connect(self.redis_url, ca=self.access.ca)
         self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
         self.keys = self.stores.keys
-        self._calls = Calls(self.settings, self.stores.jobs, self.stores.artifacts, self.access.keyring)
+        self._calls = Calls(
+            self.settings, self.stores.jobs, self.stores.artifacts, self.access.keyring, allow_pickle
+        )
         self._sender = (
             Sender(self.stores.jobs, SUBMIT_BATCH, 10 * SUBMIT_BATCH) if background_submits else None
         )
@@ -342,10 +349,13 @@ class Client:
         self.flush()
         return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
 
-    def function_result(self, job_id: str, timeout: float | None = None) -> Any:
+    def function_result(
+        self, job_id: str, timeout: float | None = None, *, allow_pickle: bool | None = None
+    ) -> Any:
         """Wait for a function job to end; return what it returned, or raise the exception it raised
-        (or :class:`JobFailed`). :class:`WaitTimeout` after ``timeout`` seconds."""
-        return self._calls.value(self._calls.ending(self._wait(job_id, timeout)))
+        (or :class:`JobFailed`). :class:`WaitTimeout` after ``timeout`` seconds. ``allow_pickle``
+        (None: as the client was made) unpickles the result whole instead of as data only."""
+        return self._calls.value(self._calls.ending(self._wait(job_id, timeout)), allow_pickle)
 
     def _wait(self, job_id: str, timeout: float | None) -> JobRecord:
         """Block until the job ends and return its record; :class:`JobNotFound` if there is none,

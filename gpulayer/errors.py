@@ -19,6 +19,7 @@ The tree::
     ├── Unschedulable          no connected worker could ever run the job
     ├── WaitTimeout            a wait ended before the job did
     ├── UntrustedPayload       a job, file or result whose signature does not check (never run or unpickled)
+    │   └── UnsafePickle       a signed result whose pickle calls something that is not data (not called)
     └── JobFailed              a remote function's job ended without a value
         ├── RemoteError        it raised an exception that cannot be rebuilt here
         ├── WorkerLost         its worker was lost, and no retry was left
@@ -120,6 +121,12 @@ class WaitTimeout(GpulayerError):
 class UntrustedPayload(GpulayerError):
     """A job, one of its files, or a function's result is not what this installation's keys signed
     for it, so it was neither run nor unpickled."""
+
+
+class UnsafePickle(UntrustedPayload):
+    """A function's result, signed by a worker, names a global that is not data (``os.system``, a
+    function, a class outside the allow-list); it was refused before anything of it was called.
+    ``allow_pickle=True`` unpickles it for workers trusted with code."""
 
 
 class JobFailed(GpulayerError):

@@ -71,9 +71,10 @@ def _options(base: CallOptions, changes: dict[str, Any]) -> tuple[CallOptions, C
 class FunctionHandle(Generic[R]):
     """A call of a remote function: a job. ``result()`` waits for its value."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, allow_pickle: bool | None = None) -> None:
         self.job = job
         self.id = job.id
+        self._allow_pickle = allow_pickle
 
     def __repr__(self) -> str:
         return f"FunctionHandle({self.id!r})"
@@ -81,7 +82,7 @@ class FunctionHandle(Generic[R]):
     def result(self, timeout: float | None = None) -> R:
         """Its return value; or the exception it raised, raised here; or :class:`JobFailed` (worker
         lost, timed out, cancelled) when it ended another way."""
-        value: R = self.job.client.function_result(self.id, timeout)
+        value: R = self.job.client.function_result(self.id, timeout, allow_pickle=self._allow_pickle)
         return value
 
     def status(self) -> JobRecord:
@@ -116,7 +117,7 @@ class RemoteFunction(Generic[P, R]):
         """Submit one call and return its handle at once."""
         client = self._client()
         [job] = client.submit_calls(self._function, [(args, kwargs)], self._call_options)
-        return FunctionHandle(job)
+        return FunctionHandle(job, self._call_options.allow_pickle)
 
     def map(
         self, iterable: Iterable[Any], *, ordered: bool = True, max_in_flight: int | None = None
@@ -173,6 +174,7 @@ def remote(
     nodes: int | None = None,
     procs_per_node: int | None = None,
     launcher: Launcher | None = None,
+    allow_pickle: bool | None = None,
     client: Client | None = None,
 ) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
 
@@ -185,7 +187,9 @@ def remote(function: Callable[..., Any] | None = None, /, **options: Any) -> Any
     ``retries``, ``retry_on``, ``retry_delay``, ``priority``, ``fresh_process``, ``source``: the
     folder shipped with the code, ``client``). ``nodes``, ``procs_per_node`` and ``launcher`` make
     each call a gang job: every rank calls the function, and the value is rank 0's (see
-    docs/distributed.md). Bad options raise :class:`InvalidJobSpec` here."""
+    docs/distributed.md). ``allow_pickle=True`` unpickles its results whole, code included, instead
+    of as data only (docs/sdk.md): for workers trusted with code. Bad options raise
+    :class:`InvalidJobSpec` here."""
     call_options, client = _options(
         CallOptions(), {key: value for key, value in options.items() if value is not None}
     )

@@ -4,20 +4,24 @@ Pickled with cloudpickle, so functions from ``__main__``, closures and lambdas t
 is ``(function, args, kwargs)``, the function pickled on its own (:func:`pickle_function`) once for all
 the calls of a batch, and unpickled once per executor. Nothing here is unpickled unchecked: a call
 only once the job's signature is found to name its digest, a result only once a worker's signature
-over it, its job and its attempt is found good (:mod:`gpulayer.signing`).
+over it, its job and its attempt is found good (:mod:`gpulayer.signing`), and then as data only
+unless the caller allows pickle (:mod:`gpulayer.unpickling`).
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import sys
 import types
 from pathlib import Path
 from typing import IO, Any
 
 import cloudpickle
 
+from .errors import UnsafePickle
 from .signing import VerifyKey, open_result
+from .unpickling import Policy, Refused, load_tensor, loads_data, lookup, own_class, registered_by_value
 
 #: Archive names in the job's files: the call (inputs), and its result or exception (outputs).
 CALL = "call.pkl"
@@ -72,7 +76,51 @@ def dumps(obj: Any) -> bytes:
     return pickled
 
 
-def load_result(key: VerifyKey, job_id: str, attempt: int, name: str, blob: bytes) -> Any:
+class _ResultPickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle's, except for what a client that unpickles data only could not rebuild otherwise: a
+    tensor travels as ``torch.save`` wrote it (the client loads it with ``weights_only=True``), and a
+    class this process got by value (one of the caller's script, or of a module it sends by value)
+    by its name, which the client finds in its own code."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            saved = io.BytesIO()
+            torch.save(obj, saved)
+            return load_tensor, (saved.getvalue(),)
+        if isinstance(obj, type) and _sent_by_value(obj):
+            return own_class, (obj.__module__, obj.__qualname__)
+        return super().reducer_override(obj)
+
+
+def _sent_by_value(cls: type) -> bool:
+    """Whether ``cls`` reached this process by value, so cloudpickle would send it back as code,
+    and the caller can find it by its name: a class of the caller's script, or of a module it sends
+    by value (not one imported here); not one defined in a function, which has no name to be found by."""
+    if "<locals>" in cls.__qualname__:
+        return False
+    module = sys.modules.get(cls.__module__)
+    if module is None or registered_by_value(cls.__module__):
+        return True
+    return cls.__module__ == "__main__" and lookup(module, cls.__qualname__) is not cls
+
+
+def dump_result(obj: Any) -> bytes:
+    """What a call returned (or the exception it raised), pickled for the caller (:class:`_ResultPickler`)."""
+    file = io.BytesIO()
+    _ResultPickler(file, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return file.getvalue()
+
+
+def load_result(key: VerifyKey, job_id: str, attempt: int, name: str, blob: bytes, policy: Policy) -> Any:
     """What a worker stored as ``name`` for the job's ``attempt``, if it is signed so;
-    :class:`UntrustedPayload` if not (and nothing of it is unpickled)."""
-    return pickle.loads(open_result(key, job_id, attempt, name, blob))  # verified first
+    :class:`UntrustedPayload` if not (and nothing of it is unpickled). Unpickled under ``policy``:
+    :class:`UnsafePickle` for a global that is not data, before it is called."""
+    payload = open_result(key, job_id, attempt, name, blob)  # verified first
+    try:
+        return loads_data(payload, policy)
+    except Refused as refused:
+        raise UnsafePickle(
+            f"job {job_id} returned a pickle that calls {refused}: refused "
+            "(allow_pickle=True trusts this installation's workers with code)"
+        ) from None

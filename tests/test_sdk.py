@@ -33,6 +33,7 @@ from gpulayer.signing import Keyring, SigningKey, sign_result
 from gpulayer.store.artifacts import BUNDLE_TTL
 from gpulayer.store.jobs import JobStore
 from gpulayer.store.scripts import Scripts
+from gpulayer.unpickling import OwnCode, Policy
 
 from .conftest import WAIT, Workers, commands_run, commands_since, kill_machine, wait_for
 
@@ -570,7 +571,8 @@ def test_results_verify_before_unpickling_and_only_for_their_job_and_attempt(tmp
     key = SigningKey.generate()
     marker = tmp_path / "pwned"
     blob = sign_result(key, "job1", 1, RESULT, pickle.dumps(3))
-    assert load_result(key.public, "job1", 1, RESULT, blob) == 3
+    policy = Policy(OwnCode(frozenset), allow_pickle=True)  # what is checked here is the signature
+    assert load_result(key.public, "job1", 1, RESULT, blob, policy) == 3
     evil = evil_payload(marker)
     forged = [
         (evil, "job1", 1, RESULT),  # unsigned
@@ -582,7 +584,7 @@ def test_results_verify_before_unpickling_and_only_for_their_job_and_attempt(tmp
     ]
     for stored, job_id, attempt, name in forged:
         with pytest.raises(gl.UntrustedPayload):
-            load_result(key.public, job_id, attempt, name, stored)
+            load_result(key.public, job_id, attempt, name, stored, policy)
     assert not marker.exists()
 
 

@@ -87,7 +87,8 @@ def test_plan_and_submit_share_the_requirement_options() -> None:
 
 def test_a_remote_functions_options_are_the_models_for_calls() -> None:
     fields = {field.name: field for field in dataclasses.fields(CallOptions)}
-    own = {"requirements", "fresh_process", "source"}
+    # allow_pickle is no job option: how far the caller trusts workers with what their results hold.
+    own = {"requirements", "fresh_process", "source", "allow_pickle"}
     assert set(fields) == CALL_OPTIONS | own
     for name in CALL_OPTIONS:
         assert fields[name].default == JobOptions.model_fields[name].default, name

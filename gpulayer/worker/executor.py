@@ -28,9 +28,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
-from ..payloads import dumps
+from ..payloads import dump_result
 
 #: Functions unpickled so far, by their pickle; forgotten all at once past this many.
 _FUNCTIONS: dict[bytes, Any] = {}
@@ -70,10 +68,10 @@ def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
     reply: dict[str, Any]
     try:
         pickled, args, kwargs = pickle.loads(payload)  # the worker checked its digest against the signature
-        reply, blob = {"ok": True}, dumps(_function(pickled)(*args, **kwargs))
+        reply, blob = {"ok": True}, dump_result(_function(pickled)(*args, **kwargs))
     except BaseException as exc:  # whatever the call raised, SystemExit included, is its result
         traceback.print_exc()
-        reply, blob = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, dumps(report(exc))
+        reply, blob = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, dump_result(report(exc))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -138,7 +136,7 @@ def report(exc: BaseException) -> dict[str, Any]:
     """What the caller needs to raise ``exc`` again: the exception itself pickled apart (None if it
     cannot be), so one that cannot be rebuilt there is still described."""
     try:
-        pickled: bytes | None = cloudpickle.dumps(exc)
+        pickled: bytes | None = dump_result(exc)
     except Exception:
         pickled = None
     kind = type(exc)
