@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import os
 import stat
@@ -19,6 +20,7 @@ from gpulayer.archive import (
     pack_outputs,
     source_manifest,
 )
+from gpulayer.bundles import archive_digest
 from gpulayer.unpacking import extract
 
 BIG = 1 << 30
@@ -271,3 +273,93 @@ def test_the_paths_extract_returns_are_those_it_wrote(tmp_path: Path) -> None:
 def test_something_that_is_not_an_archive_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ArchiveError, match="not a tar archive"):
         extract(io.BytesIO(b"not a tar file at all" * 50), tmp_path, max_bytes=BIG)
+
+
+# Headers: capped before tarfile reads what they say follows
+
+
+def header(kind: bytes, size: int, name: str = "././@LongLink") -> bytes:
+    """One 512-byte tar header of ``kind`` saying ``size`` bytes follow it (none do)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    return info.tobuf(format=tarfile.GNU_FORMAT)
+
+
+def pax(kind: bytes, records: dict[str, str]) -> bytes:
+    """A pax header of ``kind`` holding ``records``, its data padded to a block."""
+    data = b"".join(pax_record(key, value) for key, value in records.items())
+    return header(kind, len(data), "././@PaxHeader") + data + b"\0" * (-len(data) % tarfile.BLOCKSIZE)
+
+
+def pax_record(key: str, value: str) -> bytes:
+    body = f" {key}={value}\n".encode()
+    length = len(body) + len(str(len(body)))
+    length += len(str(length)) - len(str(len(body)))  # the length counts its own digits
+    return str(length).encode() + body
+
+
+def archive_of(*blocks: bytes) -> io.BytesIO:
+    """A gzip archive of these blocks, then a file ``f`` and the archive's end."""
+    end = tar_of(entry("f", data=b"x")).getvalue()
+    return io.BytesIO(gzip.compress(b"".join(blocks) + end))
+
+
+#: One header of each kind whose metadata tarfile would read whole, each saying it holds 1 GiB.
+HEADERS = {
+    "gnu_long_name": tarfile.GNUTYPE_LONGNAME,
+    "gnu_long_link": tarfile.GNUTYPE_LONGLINK,
+    "pax_extended": tarfile.XHDTYPE,
+    "pax_global": tarfile.XGLTYPE,
+}
+
+
+@pytest.mark.parametrize("kind", HEADERS)
+def test_a_header_carrying_more_than_64_kib_of_metadata_is_refused_before_it_is_read(
+    box: Path, kind: str
+) -> None:
+    with pytest.raises(ArchiveError, match=r"an archive header carries 1\.0 GiB of metadata, above the"):
+        extract(archive_of(header(HEADERS[kind], 1 << 30)), box / "dest", max_bytes=BIG)
+    assert list(box.iterdir()) == [box / "dest"]
+    assert list((box / "dest").iterdir()) == []
+
+
+def test_a_code_bundle_with_such_a_header_is_refused_before_it_is_read() -> None:
+    with pytest.raises(ArchiveError, match="an archive header carries"):
+        archive_digest(archive_of(header(tarfile.GNUTYPE_LONGNAME, 1 << 30)), BIG)
+
+
+def test_global_pax_headers_are_capped_together(box: Path) -> None:
+    each = pax(tarfile.XGLTYPE, {"comment": "x" * 30_000})
+    extract(archive_of(each, each), box / "dest", max_bytes=BIG)  # one key, set twice: 30 kB kept
+    many = [pax(tarfile.XGLTYPE, {f"comment{n}": "x" * 30_000}) for n in range(3)]
+    with pytest.raises(ArchiveError, match="the archive's global pax headers carry more than"):
+        extract(archive_of(*many), box / "dest2", max_bytes=BIG)
+
+
+def test_a_chain_of_headers_with_no_entry_is_refused(box: Path) -> None:
+    with pytest.raises(ArchiveError, match="an archive header is followed by too many others"):
+        extract(archive_of(pax(tarfile.XHDTYPE, {"comment": "x"}) * 5000), box / "dest", max_bytes=BIG)
+
+
+def test_sparse_files_whose_map_has_no_bound_are_refused(box: Path) -> None:
+    with pytest.raises(ArchiveError, match="'sparse' is a sparse file, which is not taken"):
+        extract(archive_of(header(tarfile.GNUTYPE_SPARSE, 0, "sparse")), box / "dest", max_bytes=BIG)
+    # pax's sparse 1.0: the map of holes heads the file's data, as long as it says it is.
+    records = pax(tarfile.XHDTYPE, {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "s"})
+    body = b"1000000000\n" + b"0\n" * 255 + b"0"
+    blocks = records + header(tarfile.REGTYPE, len(body), "GNUSparseFile.0/s") + body
+    with pytest.raises(ArchiveError, match="is a sparse file, which is not taken"):
+        extract(archive_of(blocks), box / "dest", max_bytes=BIG)
+
+
+def test_long_names_and_pax_records_under_the_cap_unpack(tmp_path: Path) -> None:
+    name = "/".join(["d" * 200] * 4) + "/f.txt"  # 808 bytes: a GNU long name, or a pax path
+    for format in (tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz", format=format) as tar:
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = 2, {"comment": "c" * 10_000}
+            tar.addfile(info, io.BytesIO(b"ok"))
+        buffer.seek(0)
+        written = extract(buffer, tmp_path / str(format), max_bytes=BIG)
+        assert [path.read_bytes() for path in written] == [b"ok"]

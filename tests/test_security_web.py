@@ -5,11 +5,13 @@ expiring token or a forged header can and cannot do."""
 from __future__ import annotations
 
 import datetime
+import gzip
 import http.client
 import json
 import ssl
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import httpx2
+import psutil
 import pytest
 import redis
 from click.testing import Result
@@ -256,6 +260,72 @@ def test_behind_a_proxy_failed_logins_are_counted_by_the_address_it_forwards_and
     assert SimpleCookie(other.headers["Set-Cookie"])[SESSION_COOKIE]["secure"] is True
     counted = raw_redis.scan_iter(match=web_client.keys.login_failures("*"))
     assert [key.decode() for key in counted] == [web_client.keys.login_failures("203.0.113.7")]
+
+
+def long_name_bomb(size: int) -> bytes:
+    """A gzip tar archive whose one header says a GNU long name of ``size`` bytes follows, and does:
+    gzip members of 1 MiB each, made once (what tarfile read into one bytes object, whole)."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, size
+    mebibyte = gzip.compress(b"a" * (1 << 20), 9)
+    return gzip.compress(info.tobuf(format=tarfile.GNU_FORMAT)) + mebibyte * (size >> 20)
+
+
+def server_processes(port: int) -> list[psutil.Process]:
+    """The `gpulayer server --port PORT` this test started, and its gunicorn worker."""
+    for child in psutil.Process().children():
+        if child.cmdline()[-2:] == ["--port", str(port)]:
+            return [child, *child.children(recursive=True)]
+    raise AssertionError(f"no server on port {port} among this test's processes")
+
+
+def peak_rise(processes: list[psutil.Process], action: Callable[[], object]) -> int:
+    """How far (bytes) the processes' memory, together, rose above where it rested while ``action``
+    ran: each one's peak resident size (VmHWM, reset first) less its resident size before."""
+    resting = {process.pid: process.memory_info().rss for process in processes}
+    for process in processes:
+        Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # the peak is now what it holds
+    action()
+    return sum(peak(process.pid) - resting[process.pid] for process in processes)
+
+
+def peak(pid: int) -> int:
+    [line] = [
+        line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:")
+    ]
+    return int(line.split()[1]) * 1024
+
+
+def test_a_megabyte_upload_holding_a_gibibyte_long_name_is_refused_in_a_few_megabytes_of_memory(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    address, web = web_server
+    token, _ = web.create_token("uploader", "submitter")
+    bomb = long_name_bomb(1 << 30)
+    assert len(bomb) < 1_200_000
+    answers: list[httpx2.Response] = []
+
+    def upload(archive: bytes) -> None:
+        files = {"source": ("source.tar.gz", archive, "application/gzip")}
+        answers.append(
+            httpx2.post(
+                f"http://{address}/api/v1/jobs",
+                headers=auth(token),
+                data={"spec": json.dumps({"command": ["true"]})},
+                files=files,
+                timeout=WAIT * 4,
+            )
+        )
+
+    upload(long_name_bomb(1 << 20))  # the same path once first: what it imports is part of its rest
+    before = raw_redis.dbsize()
+    rise = peak_rise(server_processes(int(address.rsplit(":", 1)[1])), lambda: upload(bomb))
+    assert [answer.status_code for answer in answers] == [400, 400]
+    assert answers[-1].json() == {
+        "error": "source: an archive header carries 1.0 GiB of metadata, above the 64.0 KiB cap"
+    }
+    assert rise < 100 * 1024 * 1024, f"{rise / 2**20:.0f} MiB"
+    assert raw_redis.dbsize() == before
 
 
 # --- `gpulayer server` -----------------------------------------------------------------------------
