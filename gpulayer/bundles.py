@@ -50,10 +50,11 @@ class Bundle:
 
 class BundleCache:
     """A client's bundles, by folder: looked at again at most every two seconds, and each file hashed
-    again only when its size or modification time changed."""
+    again only when its size or modification time changed. GPUlayer's ``home`` never ships in one."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, home: Path) -> None:
         self._max_bytes = max_bytes
+        self._home = home
         self._lock = threading.Lock()
         self._made: dict[Path, tuple[float, Bundle]] = {}
         self._hashes: dict[Path, tuple[tuple[int, int], bytes]] = {}
@@ -63,7 +64,7 @@ class BundleCache:
             made = self._made.get(root)
             if made and time.monotonic() - made[0] < _RECHECK:
                 return made[1]
-            manifest = archive.source_manifest(root, self._max_bytes)
+            manifest = archive.source_manifest(root, self._max_bytes, self._home)
             hashes = {arcname: self._hash(manifest, arcname) for arcname in manifest.members}
             bundle = Bundle(digest(hashes), manifest)
             self._made[root] = (time.monotonic(), bundle)

@@ -179,7 +179,9 @@ class Client:
         """
         argv = _argv(command)
         source_files = (
-            archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
+            archive.source_manifest(Path(source), self.settings.max_source_bytes, self.settings.home)
+            if source
+            else None
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
         if source_files is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer import ArchiveError, ArtifactTooLarge, InputNotFound, SourceError
+from gpulayer import ArchiveError, ArtifactTooLarge, InputNotFound, Settings, SourceError
 from gpulayer.archive import (
     Manifest,
     inputs_manifest,
@@ -20,10 +20,12 @@ from gpulayer.archive import (
     pack_outputs,
     source_manifest,
 )
-from gpulayer.bundles import archive_digest
+from gpulayer.bundles import BundleCache, archive_digest
 from gpulayer.unpacking import extract
 
 BIG = 1 << 30
+#: GPUlayer's home where these tests' folders are not.
+HOME = Settings().home
 
 
 def make(root: Path, files: dict[str, str]) -> Path:
@@ -53,21 +55,21 @@ def test_the_source_skips_git_pycache_and_venv(tmp_path: Path) -> None:
     src = make(
         tmp_path, {"main.py": "", ".git/HEAD": "", "pkg/__pycache__/m.pyc": "", ".venv/bin/python": ""}
     )
-    assert set(source_manifest(src, BIG).members) == {"main.py", "pkg"}
+    assert set(source_manifest(src, BIG, HOME).members) == {"main.py", "pkg"}
 
 
 def test_a_root_gitignore_applies_to_the_whole_folder(tmp_path: Path) -> None:
     ignored = ["a.log", "sub/b.log", "build/out.o", "sub/build/x", "secret.txt"]
     files = dict.fromkeys([*ignored, "sub/secret.txt", "keep.py"], "")
     src = make(tmp_path, {".gitignore": "*.log\nbuild/\n/secret.txt\n", **files})
-    assert set(source_manifest(src, BIG).members) == {".gitignore", "keep.py", "sub", "sub/secret.txt"}
+    assert set(source_manifest(src, BIG, HOME).members) == {".gitignore", "keep.py", "sub", "sub/secret.txt"}
 
 
 def test_a_nested_gitignore_applies_only_to_its_folder(tmp_path: Path) -> None:
     ignored = ["sub/a.bin", "sub/deep/b.bin"]
     kept = ["top.bin", "sub/keep.txt", "other/c.bin", "subway/d.bin"]
     src = make(tmp_path, {"sub/.gitignore": "*.bin\n", **dict.fromkeys([*ignored, *kept], "")})
-    assert set(source_manifest(src, BIG).members) == {
+    assert set(source_manifest(src, BIG, HOME).members) == {
         *("sub", "sub/.gitignore", "sub/deep", "other", "subway"),
         *kept,
     }
@@ -75,7 +77,7 @@ def test_a_nested_gitignore_applies_only_to_its_folder(tmp_path: Path) -> None:
 
 def test_empty_folders_are_kept(tmp_path: Path) -> None:
     src = make(tmp_path, {"empty/": "", "nested/also_empty/": ""})
-    assert set(source_manifest(src, BIG).members) == {"empty", "nested", "nested/also_empty"}
+    assert set(source_manifest(src, BIG, HOME).members) == {"empty", "nested", "nested/also_empty"}
 
 
 def test_the_size_counts_only_what_ships(tmp_path: Path) -> None:
@@ -83,20 +85,44 @@ def test_the_size_counts_only_what_ships(tmp_path: Path) -> None:
         tmp_path, {".gitignore": "*.ckpt\n", "big.ckpt": "x" * 5000, "a.py": "x" * 10, "b/c.py": "x" * 7}
     )
     shipped = len("*.ckpt\n") + 10 + 7
-    assert source_manifest(src, max_bytes=shipped).size == shipped
+    assert source_manifest(src, shipped, HOME).size == shipped
+
+
+def test_the_home_and_every_installations_keys_stay_behind_wherever_they_are(tmp_path: Path) -> None:
+    files = {
+        "train.py": "",
+        "deploy/.gpulayer/installation.json": "{}",
+        "deploy/.gpulayer/access/admin.json": "{}",
+        "deploy/.gpulayer/tls/ca.key": "",
+        "deploy/.gpulayer/notes.txt": "",
+        "copy/installation.json": "{}",
+        "copy/access/worker.json": "{}",
+        "copy/access/README": "",
+    }
+    src = make(tmp_path / "src", files)
+    shipped = {"train.py", "deploy", "copy", "copy/access", "copy/access/README"}
+    assert set(source_manifest(src, BIG, src / "deploy" / ".gpulayer").members) == shipped
+    # A function's code bundle is packed the same way.
+    bundle = BundleCache(BIG, src / "deploy" / ".gpulayer").get(src)
+    assert set(bundle.manifest.members) == shipped
+    # The home elsewhere: only the keys stay behind.
+    assert "deploy/.gpulayer/notes.txt" in source_manifest(src, BIG, HOME).members
+    for inside_the_home in (src / "deploy" / ".gpulayer", src / "deploy" / ".gpulayer" / "access"):
+        with pytest.raises(SourceError, match="is in GPUlayer's home"):
+            source_manifest(inside_the_home, BIG, src / "deploy" / ".gpulayer")
 
 
 def test_a_missing_source_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SourceError) as raised:
-        source_manifest(tmp_path / "nope", BIG)
+        source_manifest(tmp_path / "nope", BIG, HOME)
     assert str(raised.value) == f"source folder not found: {tmp_path / 'nope'}"
 
 
 def test_a_source_above_the_cap_is_refused(tmp_path: Path) -> None:
     src = make(tmp_path, {"a.bin": "x" * 1000})
-    assert source_manifest(src, max_bytes=1000).size == 1000
+    assert source_manifest(src, 1000, HOME).size == 1000
     with pytest.raises(SourceError, match="above the 999 B cap"):
-        source_manifest(src, max_bytes=999)
+        source_manifest(src, 999, HOME)
 
 
 def test_links_inside_the_folder_are_kept_as_links(tmp_path: Path) -> None:
@@ -104,7 +130,7 @@ def test_links_inside_the_folder_are_kept_as_links(tmp_path: Path) -> None:
     (src / "link").symlink_to("f.txt")
     (src / "pkg" / "up").symlink_to("../f.txt")
     (src / "alias").symlink_to("pkg", target_is_directory=True)
-    manifest = source_manifest(src, BIG)
+    manifest = source_manifest(src, BIG, HOME)
     assert set(manifest.members) == {"f.txt", "link", "pkg", "pkg/m.py", "pkg/up", "alias"}
     assert manifest.size == 105
     dest = tmp_path / "dest"
@@ -120,7 +146,7 @@ def test_links_pointing_outside_the_folder_are_listed_as_skipped(tmp_path: Path)
     src = make(tmp_path / "src", {"f.txt": ""})
     (src / "to_file").symlink_to(outside / "secret")
     (src / "to_dir").symlink_to("../outside", target_is_directory=True)
-    manifest = source_manifest(src, BIG)
+    manifest = source_manifest(src, BIG, HOME)
     assert set(manifest.members) == {"f.txt"}
     assert sorted(manifest.skipped_links) == ["to_dir", "to_file"]
 
@@ -128,7 +154,7 @@ def test_links_pointing_outside_the_folder_are_listed_as_skipped(tmp_path: Path)
 def test_an_absolute_link_to_a_file_inside_the_folder_survives_a_round_trip(tmp_path: Path) -> None:
     src = make(tmp_path / "src", {"f.txt": "hello"})
     (src / "link").symlink_to(src / "f.txt")
-    round_trip(source_manifest(src, BIG), tmp_path / "dest")
+    round_trip(source_manifest(src, BIG, HOME), tmp_path / "dest")
     assert (tmp_path / "dest" / "link").read_text() == "hello"
 
 
@@ -199,7 +225,7 @@ def test_an_archive_written_by_a_manifest_round_trips(tmp_path: Path) -> None:
     (src / "run.sh").chmod(0o755)
     (src / "data" / "x.txt").chmod(0o644)
     dest = tmp_path / "dest"
-    written = round_trip(source_manifest(src, BIG), dest)
+    written = round_trip(source_manifest(src, BIG, HOME), dest)
     assert sorted(written) == [dest / "data" / "x.txt", dest / "run.sh"]
     assert (dest / "run.sh").read_text() == "#!/bin/sh\necho hi\n"
     assert (dest / "data" / "x.txt").read_text() == "ünï"
@@ -266,7 +292,7 @@ def test_an_absolute_path_is_refused(box: Path) -> None:
 
 def test_the_paths_extract_returns_are_those_it_wrote(tmp_path: Path) -> None:
     src = make(tmp_path / "src", {"a.txt": "1", "b/c.txt": "2"})
-    written = round_trip(source_manifest(src, BIG), tmp_path / "dest")
+    written = round_trip(source_manifest(src, BIG, HOME), tmp_path / "dest")
     assert sorted(p.relative_to(tmp_path / "dest").as_posix() for p in written) == ["a.txt", "b/c.txt"]
 
 
