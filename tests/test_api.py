@@ -141,7 +141,7 @@ def test_submit_validates_with_the_same_models_and_writes_nothing_when_refused(
             400,
             "invalid request: colour: Extra inputs are not permitted",
         ),
-        ({"command": ["true"], "requirements": {"gpus": -1}}, 400, "invalid job: gpus: "),
+        ({"command": ["true"], "requirements": {"gpus": -1}}, 400, "invalid request: gpus: "),
         ({"command": [""]}, 400, "invalid job: command: the command is empty"),
         (
             {"command": ["true"], "fail_if_unschedulable": True},

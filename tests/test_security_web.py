@@ -36,10 +36,12 @@ from werkzeug.test import TestResponse
 from gpulayer import Client, tls
 from gpulayer import access as accesses
 from gpulayer.network import free_port
+from gpulayer.requirements import Requirements
 from gpulayer.store.tokens import SESSION_LIFETIME, token_hash
 from gpulayer.web import create_app
+from gpulayer.web.api import SubmitRequest
 from gpulayer.web.auth import SESSION_COOKIE
-from tests.conftest import auth, wait_for
+from tests.conftest import auth, submit_keywords, wait_for
 
 #: A generous wait (s) for a socket to close or a server to answer.
 WAIT = 30.0
@@ -260,6 +262,78 @@ def test_behind_a_proxy_failed_logins_are_counted_by_the_address_it_forwards_and
     assert SimpleCookie(other.headers["Set-Cookie"])[SESSION_COOKIE]["secure"] is True
     counted = raw_redis.scan_iter(match=web_client.keys.login_failures("*"))
     assert [key.decode() for key in counted] == [web_client.keys.login_failures("203.0.113.7")]
+
+
+# --- what a request can reach ----------------------------------------------------------------------
+def post_json(url: str, token: str, body: Any) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={**auth(token), "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.load(refused)
+
+
+def test_a_submit_naming_the_servers_own_files_is_refused_and_queues_nothing(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    """The exploit as reported: a submitter's API token named files of the web server's machine
+    (its own access, the home, /etc/shadow) among a job's requirements, and the server packed them
+    into the job."""
+    address, web = web_server
+    token, _ = web.create_token("attacker", "submitter")
+    home = web.settings.home
+    assert (home / "access" / "web.json").exists()
+    before = (raw_redis.dbsize(), web.jobs())
+    for body in (
+        {"command": ["cat", "web.json"], "requirements": {"inputs": [str(home / "access" / "web.json")]}},
+        {"command": ["cat", "shadow"], "requirements": {"inputs": ["/etc/shadow"]}},
+        {"command": ["ls", "-R"], "requirements": {"source": str(home)}},
+        {"command": ["ls", "-R"], "source": str(home)},
+        {"command": ["cat", "shadow"], "inputs": ["/etc/shadow"]},
+        [{"command": ["cat", "shadow"], "requirements": {"inputs": ["/etc/shadow"]}}],
+    ):
+        status, answer = post_json(f"http://{address}/api/v1/jobs", token, body)
+        assert status == 400, (body, answer)
+        assert "\n" not in answer["error"]
+        assert "Extra inputs are not permitted" in answer["error"], answer
+    assert (raw_redis.dbsize(), web.jobs()) == before
+
+
+def test_no_keyword_of_client_submit_passes_where_the_api_body_does_not_carry_it(
+    http: FlaskClient, tokens: dict[str, str], web_client: Client, raw_redis: redis.Redis
+) -> None:
+    """Inside requirements, only Requirements' fields; at the top level, only the body's own: not
+    source or inputs (files come only as uploads), nor a requirement. For a single job, a list, and
+    the multipart form's spec alike."""
+    path = str(web_client.settings.home / "access" / "web.json")  # what each keyword is sent
+    inside = submit_keywords() - set(Requirements.model_fields)
+    on_top = submit_keywords() - set(SubmitRequest.model_fields)
+    assert {"source", "inputs", "requirements", "command"} <= inside
+    assert {"source", "inputs", "gpus", "labels"} <= on_top
+    bodies = [{"command": ["true"], "requirements": {keyword: path}} for keyword in sorted(inside)]
+    bodies += [{"command": ["true"], keyword: path} for keyword in sorted(on_top)]
+    submitter = auth(tokens["submitter"])
+    before = raw_redis.dbsize()
+    for body in bodies:
+        for answer in (
+            http.post("/api/v1/jobs", json=body, headers=submitter),
+            http.post("/api/v1/jobs", json=[{"command": ["true"]}, body], headers=submitter),
+            http.post(
+                "/api/v1/jobs",
+                data={"spec": json.dumps(body)},
+                headers=submitter,
+                content_type="multipart/form-data",
+            ),
+        ):
+            assert answer.status_code == 400, (body, answer.json)
+            error = cast(dict[str, str], answer.json)["error"]
+            assert "Extra inputs are not permitted" in error, (body, error)
+            assert "\n" not in error
+    assert raw_redis.dbsize() == before
+    assert web_client.jobs() == []
 
 
 def long_name_bomb(size: int) -> bytes:
