@@ -264,6 +264,69 @@ def test_behind_a_proxy_failed_logins_are_counted_by_the_address_it_forwards_and
     assert [key.decode() for key in counted] == [web_client.keys.login_failures("203.0.113.7")]
 
 
+def test_failed_bearer_tokens_count_toward_the_login_limit_and_past_it_both_get_429(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    address, web = web_server
+    viewer, _ = web.create_token("viewer", "viewer")
+
+    def jobs(token: str) -> int:
+        return status_of(urllib.request.Request(f"http://{address}/api/v1/jobs", headers=auth(token)))
+
+    def login(token: str) -> int:
+        body = json.dumps({"token": token}).encode()
+        headers = {"Content-Type": "application/json"}
+        return status_of(urllib.request.Request(f"http://{address}/login", data=body, headers=headers))
+
+    assert (jobs(viewer), login(viewer)) == (200, 200)
+    for guess in range(5):
+        assert jobs(f"glt_guess-{guess}") == 401
+        assert login(f"glt_guess-login-{guess}") == 401
+    # Ten wrong guesses, half of each kind: the right token, sent either way, is refused for the window.
+    assert (jobs(viewer), login(viewer), jobs("glt_another-guess")) == (429, 429, 429)
+    assert int(cast(bytes, raw_redis.get(web.keys.login_failures("127.0.0.1")))) == 10
+
+
+def status_of(request: urllib.request.Request) -> int:
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+# --- login CSRF ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},  # a sandboxed frame's, or a data: page's
+        {"Origin": "http://localhost.evil.example"},
+        {"Referer": "http://evil.example/login-csrf.html"},
+    ],
+)
+def test_a_login_posted_by_another_sites_page_is_refused_and_sets_no_cookie(
+    http: FlaskClient,
+    tokens: dict[str, str],
+    web_client: Client,
+    raw_redis: redis.Redis,
+    sent: dict[str, str],
+) -> None:
+    """Login CSRF: a page elsewhere posts the attacker's own token to /login, and the browser would
+    then use the attacker's session (what it submits, the attacker reads). A browser names the page
+    it posts from in Origin (or, older ones, in Referer)."""
+    answer = http.post("/login", data={"token": tokens["viewer"]}, headers=sent)
+    assert answer.status_code == 403
+    assert cast(dict[str, str], answer.json)["error"].startswith("logins from ")
+    assert "Set-Cookie" not in answer.headers
+    assert session_keys(raw_redis, web_client) == []
+    # The server's own page (the Flask test client's host is localhost), and a program sending none.
+    for own in ({"Origin": "http://localhost"}, {"Referer": "http://localhost/"}, {}):
+        answer = http.post("/login", data={"token": tokens["viewer"]}, headers=own)
+        assert answer.status_code == 200, own
+        assert session_cookie(answer)
+
+
 # --- what a request can reach ----------------------------------------------------------------------
 def post_json(url: str, token: str, body: Any) -> tuple[int, dict[str, Any]]:
     request = urllib.request.Request(
