@@ -137,6 +137,8 @@ def _home_inside(folder: Path, home: Path) -> str | None:
 
 
 def _keys(rel_dir: str, name: str) -> bool:
+    """Whether a file holds an installation's keys, by its name alone: in any home, a copy of one
+    included, wherever it is in the folder."""
     return name == _INSTALLATION_FILE or (Path(rel_dir).name == _ACCESS_FOLDER and name.endswith(".json"))
 
 
