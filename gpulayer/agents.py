@@ -29,6 +29,7 @@ from . import __version__
 from .client import Client, Job
 from .errors import GpulayerError, WaitTimeout
 from .models import JobRecord, JobState, LogLine
+from .requirements import Requirements
 from .unpacking import extract
 
 #: The longest one wait_for_job call waits (s), whatever the agent asks.
@@ -94,12 +95,12 @@ def _read_tools(server: MCPServer, client: Client) -> None:
 
     @server.tool(annotations=_READ)
     @tool_errors
-    def plan_job(requirements: dict[str, Any] | None = None, nodes: int = 1) -> dict[str, Any]:
+    def plan_job(requirements: Requirements | None = None, nodes: int = 1) -> dict[str, Any]:
         """Where a job asking for ``requirements`` (gpus, gpu_memory like "24GB", gpu_name, accelerator,
         cpus, memory, frameworks like ["torch>=2.1"], labels) would start now, whether any worker could
         ever run it, and for each other worker why not: codes (no_gpu, gpu_memory, gpus_busy, ...) and
         a line of text. ``nodes`` > 1: a gang job on that many workers. Submits nothing."""
-        return client.plan(nodes=nodes, **(requirements or {})).model_dump(mode="json")
+        return client.plan(requirements, nodes=nodes).model_dump(mode="json")
 
     @server.tool(annotations=_READ)
     @tool_errors
@@ -171,7 +172,7 @@ def _write_tools(server: MCPServer, client: Client) -> None:
         inputs: list[str] | None = None,
         outputs: list[str] | None = None,
         env: dict[str, str] | None = None,
-        requirements: dict[str, Any] | None = None,
+        requirements: Requirements | None = None,
         name: str | None = None,
         timeout: float | None = None,
         retries: int | None = None,
@@ -181,10 +182,12 @@ def _write_tools(server: MCPServer, client: Client) -> None:
     ) -> dict[str, Any]:
         """Queue ``command`` (a list of arguments, or a string split as a shell would; it runs without
         a shell) on a worker that has what ``requirements`` ask for (see plan_job). ``source``: a
-        folder on this machine shipped as the job's working folder (minus .git, caches and what
-        .gitignore ignores); ``inputs``: files placed there; ``outputs``: paths or globs kept when it
-        ends (download_outputs). ``nodes``/``procs_per_node``: a gang job. The same
-        ``idempotency_key`` twice gives the first job. Returns its id and state."""
+        folder on this machine shipped as the job's working folder (minus .git, caches, what
+        .gitignore ignores and GPUlayer's own home); ``inputs``: files placed there; ``outputs``:
+        paths or globs kept when it ends (download_outputs). ``nodes``/``procs_per_node``: a gang
+        job. The same ``idempotency_key`` twice gives the first job. Returns its id and state. Paths
+        are read as this server's user, on its machine: it runs over stdio, on the user's own
+        machine, for them (the server the HTTP API serves takes no path: only an archive)."""
         folder = _local(source) if source else None
         named = [_local(path) for path in inputs or []]
         options = (outputs, env, requirements, name, timeout, retries, idempotency_key, nodes, procs_per_node)
@@ -220,7 +223,7 @@ def _remote_write_tools(server: MCPServer, client: Client) -> None:
         source_archive: str | None = None,
         outputs: list[str] | None = None,
         env: dict[str, str] | None = None,
-        requirements: dict[str, Any] | None = None,
+        requirements: Requirements | None = None,
         name: str | None = None,
         timeout: float | None = None,
         retries: int | None = None,
@@ -266,7 +269,7 @@ def _submitted(
     inputs: list[str],
     outputs: list[str] | None,
     env: dict[str, str] | None,
-    requirements: dict[str, Any] | None,
+    requirements: Requirements | None,
     name: str | None,
     timeout: float | None,
     retries: int | None,
@@ -287,7 +290,7 @@ def _submitted(
         idempotency_key=idempotency_key,
         nodes=nodes,
         procs_per_node=procs_per_node,
-        **(requirements or {}),
+        requirements=requirements,
     )
     return {"id": job.id, "state": job.status().state.value}
 

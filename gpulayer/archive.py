@@ -22,6 +22,10 @@ from .units import format_size
 
 #: Never shipped with a source folder, whatever .gitignore says.
 ALWAYS_SKIPPED = frozenset({".git", "__pycache__", ".venv"})
+#: An installation's keys and passwords (its installation.json and accesses, access/<name>.json, as
+#: a home keeps them): never shipped from anywhere in a source folder, a copy of a home's included.
+_INSTALLATION_FILE = "installation.json"
+_ACCESS_FOLDER = "access"
 # Fast rather than small: archives are made and unpacked on the critical path of a job's start.
 _GZIP_LEVEL = 1
 #: An archive on its way to or from Redis stays in memory up to this size (a temporary file past it):
@@ -84,11 +88,13 @@ def _inside(link: Path, root: Path) -> bool:
     return link.resolve().is_relative_to(root.resolve())
 
 
-def source_manifest(folder: Path, max_bytes: int) -> Manifest:
-    """The files of a source folder that ship: minus ``.git``, ``__pycache__``, ``.venv`` and what
-    ``.gitignore`` files ignore (a nested one applies to its own folder)."""
+def source_manifest(folder: Path, max_bytes: int, home: Path) -> Manifest:
+    """The files of a source folder that ship: minus ``.git``, ``__pycache__``, ``.venv``, what
+    ``.gitignore`` files ignore (a nested one applies to its own folder), GPUlayer's ``home`` where
+    it is inside, and every installation's keys (:data:`_INSTALLATION_FILE`, ``access/*.json``)."""
     if not folder.is_dir():
         raise SourceError(f"source folder not found: {folder}")
+    home_inside = _home_inside(folder, home)
     manifest = Manifest()
     specs: dict[str, pathspec.GitIgnoreSpec] = {}
     try:
@@ -100,7 +106,7 @@ def source_manifest(folder: Path, max_bytes: int) -> Manifest:
             kept = []
             for name in sorted(dirnames):
                 arcname = _join(rel_dir, name)
-                if name in ALWAYS_SKIPPED or _ignored(specs, arcname + "/"):
+                if name in ALWAYS_SKIPPED or arcname == home_inside or _ignored(specs, arcname + "/"):
                     continue
                 manifest.add(Path(dirpath, name), arcname, folder)
                 if not Path(dirpath, name).is_symlink():
@@ -108,7 +114,7 @@ def source_manifest(folder: Path, max_bytes: int) -> Manifest:
             dirnames[:] = kept
             for name in sorted(filenames):
                 arcname = _join(rel_dir, name)
-                if not _ignored(specs, arcname):
+                if not _keys(rel_dir, name) and not _ignored(specs, arcname):
                     manifest.add(Path(dirpath, name), arcname, folder)
     except OSError as exc:
         raise SourceError(f"cannot read source folder {folder}: {exc.strerror}: {exc.filename}") from None
@@ -119,6 +125,21 @@ def source_manifest(folder: Path, max_bytes: int) -> Manifest:
             "or raise GPULAYER_MAX_SOURCE_BYTES"
         )
     return manifest
+
+
+def _home_inside(folder: Path, home: Path) -> str | None:
+    """Where ``home`` is in ``folder`` (an arcname), if it is; a :class:`SourceError` if the folder
+    is the home, or in it."""
+    real_folder, real_home = folder.resolve(), home.resolve()
+    if real_folder.is_relative_to(real_home):
+        raise SourceError(f"source folder {folder} is in GPUlayer's home ({home}), which holds its keys")
+    return real_home.relative_to(real_folder).as_posix() if real_home.is_relative_to(real_folder) else None
+
+
+def _keys(rel_dir: str, name: str) -> bool:
+    """Whether a file holds an installation's keys, by its name alone: in any home, a copy of one
+    included, wherever it is in the folder."""
+    return name == _INSTALLATION_FILE or (Path(rel_dir).name == _ACCESS_FOLDER and name.endswith(".json"))
 
 
 def _join(rel_dir: str, name: str) -> str:

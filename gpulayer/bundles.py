@@ -23,6 +23,7 @@ from typing import IO
 
 from . import archive
 from .errors import ArchiveError
+from .unpacking import MAX_MEMBERS, reading
 
 #: How long a client trusts the bundle it made before looking at the folder again (seconds).
 _RECHECK = 2.0
@@ -49,10 +50,11 @@ class Bundle:
 
 class BundleCache:
     """A client's bundles, by folder: looked at again at most every two seconds, and each file hashed
-    again only when its size or modification time changed."""
+    again only when its size or modification time changed. GPUlayer's ``home`` never ships in one."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, home: Path) -> None:
         self._max_bytes = max_bytes
+        self._home = home
         self._lock = threading.Lock()
         self._made: dict[Path, tuple[float, Bundle]] = {}
         self._hashes: dict[Path, tuple[tuple[int, int], bytes]] = {}
@@ -62,7 +64,7 @@ class BundleCache:
             made = self._made.get(root)
             if made and time.monotonic() - made[0] < _RECHECK:
                 return made[1]
-            manifest = archive.source_manifest(root, self._max_bytes)
+            manifest = archive.source_manifest(root, self._max_bytes, self._home)
             hashes = {arcname: self._hash(manifest, arcname) for arcname in manifest.members}
             bundle = Bundle(digest(hashes), manifest)
             self._made[root] = (time.monotonic(), bundle)
@@ -96,12 +98,15 @@ def digest(hashes: Mapping[str, bytes]) -> str:
 def archive_digest(archive: IO[bytes], max_bytes: int) -> str:
     """:func:`digest` of what a bundle's archive holds, read from the archive itself: what the client
     names the bundle by, and what a worker checks before it unpacks any of it. :class:`ArchiveError`
-    if it is not a readable archive, or holds more than ``max_bytes`` (read a chunk at a time)."""
+    if it is not a readable archive, or holds more than ``max_bytes`` (read a chunk at a time) or
+    :data:`~gpulayer.unpacking.MAX_MEMBERS` entries."""
     hashes: dict[str, bytes] = {}
     size = 0
     try:
-        with tarfile.open(fileobj=archive, mode="r:*") as tar:
-            for member in tar:
+        with reading(archive) as tar:
+            for count, member in enumerate(tar, start=1):
+                if count > MAX_MEMBERS:
+                    raise ArchiveError(f"the code bundle holds more than {MAX_MEMBERS:,} entries")
                 size += member.size if member.isreg() else 0
                 if size > max_bytes:
                     raise ArchiveError(f"the code bundle unpacks to more than {max_bytes} bytes")

@@ -103,7 +103,7 @@ class Calls:
         self._jobs = jobs
         self._artifacts = artifacts
         self._keyring = keyring
-        self._bundles = BundleCache(settings.max_source_bytes)
+        self._bundles = BundleCache(settings.max_source_bytes, settings.home)
         #: When each bundle was last shipped (or found in Redis), and the name it is stored under.
         self._shipped: dict[str, tuple[float, str]] = {}
         #: The folder each bundle was made from: the code pickled by value names its files from there.

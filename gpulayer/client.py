@@ -160,16 +160,18 @@ class Client:
         nodes: int | None = None,
         procs_per_node: int | None = None,
         launcher: Launcher | None = None,
-        **requirements: Any,
+        requirements: Requirements | None = None,
+        **fields: Any,
     ) -> Job:
         """Queue ``command`` (a list of arguments, or a string split like a shell would; it runs without
         a shell). ``source`` is a folder shipped and unpacked as the job's working folder; each input
         lands there under its base name; ``outputs`` are paths or globs uploaded when the job ends.
 
-        ``requirements`` are the fields of :class:`Requirements` (``accelerator``, ``gpus``,
-        ``gpu_memory``, ``gpu_name``, ``frameworks``, ``cpus``, ``memory``, ``labels``); sizes may be
-        strings like ``"24GB"``. With ``fail_if_unschedulable``, a job no connected worker could ever
-        run is refused (:class:`Unschedulable`) instead of waiting for one.
+        What the job needs is a :class:`Requirements` (``requirements``), or its fields as keywords
+        (``accelerator``, ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks``, ``cpus``,
+        ``memory``, ``labels``; sizes may be strings like ``"24GB"``), not both. With
+        ``fail_if_unschedulable``, a job no connected worker could ever run is refused
+        (:class:`Unschedulable`) instead of waiting for one.
 
         ``retries`` (default 2) of the failures ``retry_on`` names (``"lost"`` worker, the default;
         non-zero ``"exit"``; or ``"both"``) run the job again, after ``retry_delay`` seconds (default
@@ -186,7 +188,9 @@ class Client:
         """
         argv = _argv(command)
         source_files = (
-            archive.source_manifest(Path(source), self.settings.max_source_bytes) if source else None
+            archive.source_manifest(Path(source), self.settings.max_source_bytes, self.settings.home)
+            if source
+            else None
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
         if source_files is not None:
@@ -206,7 +210,7 @@ class Client:
             nodes=nodes,
             procs_per_node=procs_per_node,
             launcher=launcher,
-            requirements=requirements,
+            requirements=_needs(requirements, fields),
         )
         if fail_if_unschedulable:
             self._check_schedulable(spec)
@@ -278,7 +282,8 @@ class Client:
         nodes: int | None = None,
         procs_per_node: int | None = None,
         launcher: Launcher | None = None,
-        **requirements: Any,
+        requirements: Requirements | None = None,
+        **fields: Any,
     ) -> list[Job]:
         """Queue one job per command, all with the same options (those of :meth:`submit`, without
         files), :data:`SUBMIT_BATCH` per round trip and under one signature: many times faster than
@@ -301,7 +306,7 @@ class Client:
             nodes=nodes,
             procs_per_node=procs_per_node,
             launcher=launcher,
-            requirements=requirements,
+            requirements=_needs(requirements, fields),
         )
         # One spec checked whole; the others differ from it only in their command.
         specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
@@ -692,10 +697,9 @@ def _spec(
     nodes: int | None,
     procs_per_node: int | None,
     launcher: Launcher | None,
-    requirements: dict[str, Any],
+    requirements: Requirements,
 ) -> JobSpec:
     """A job's spec from :meth:`Client.submit`'s arguments, checked (:class:`InvalidJobSpec`)."""
-    needs = validated(Requirements, requirements) if requirements else _NO_NEEDS
     retry = {"retries": retries, "retry_on": retry_on, "retry_delay": retry_delay}
     return build_spec(
         command=argv,
@@ -705,11 +709,21 @@ def _spec(
         outputs=list(outputs),
         source=source,
         inputs=inputs,
-        requirements=needs,
-        distributed=Distributed.of(needs, nodes, procs_per_node, launcher),
+        requirements=requirements,
+        distributed=Distributed.of(requirements, nodes, procs_per_node, launcher),
         priority=priority,
         **{field: value for field, value in retry.items() if value is not None},
     )
+
+
+def _needs(requirements: Requirements | None, fields: Mapping[str, Any]) -> Requirements:
+    """What a submit asked for: a :class:`Requirements`, or its fields as keywords, checked."""
+    if requirements is None:
+        return validated(Requirements, fields) if fields else _NO_NEEDS
+    if fields:
+        given = ", ".join(fields)
+        raise InvalidJobSpec(f"invalid job: {given}: give a Requirements or its fields as keywords, not both")
+    return requirements
 
 
 def _no_input_over_the_source(source: archive.Manifest, inputs: archive.Manifest) -> None:

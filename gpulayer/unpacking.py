@@ -6,7 +6,9 @@ Nothing is written until the whole archive has been read and found safe: every e
 folder or symbolic link, named inside the folder, no link leading out of it (followed through the
 archive's own links, as the kernel would), nothing written through a link, and the entries and their
 total size under the caps, counted from the headers (a small archive that would unpack to gigabytes
-is refused before one byte of it lands). Nor until the folder has room for every entry: each folder
+is refused before one byte of it lands). The headers themselves are capped before ``tarfile`` reads
+them (:class:`_Header`): it would read a long name or a pax header of any size into memory whole.
+Nor until the folder has room for every entry: each folder
 on its way a folder, writable where something new goes, so a folder that cannot be written fails the
 unpacking before anything lands, not half way. Then it is unpacked entry by entry, each folder
 opened without following links, each file created without following one, so a folder that already
@@ -33,6 +35,16 @@ from .units import format_size
 
 #: Most entries (files, folders, links) an archive may hold.
 MAX_MEMBERS = 100_000
+#: Most bytes of metadata one header may carry (a GNU long name or link, a pax header), and all of an
+#: archive's global pax headers together: a name longer than :data:`_PATH_MAX` is refused anyway.
+MAX_HEADER_BYTES = 64 * 1024
+_METADATA = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
 #: A link may lead through at most this many links, as the kernel allows before ELOOP.
 _MAX_HOPS = 40
 #: The longest name of one path component, and of a whole path, most filesystems take.
@@ -61,17 +73,63 @@ def extract(
     file already in ``dest`` (outputs downloaded again); without it, it may not (an input may not
     replace a source file)."""
     try:
-        with tarfile.open(fileobj=archive, mode="r:*") as tar:
+        with reading(archive) as tar:
             plan = _plan(tar, max_bytes, max_members)
         _check(plan)
         _Room(dest, replace).check(plan)
         archive.seek(0)
-        with tarfile.open(fileobj=archive, mode="r:*") as tar:
+        with reading(archive) as tar:
             return _Writer(dest, replace).write_all(tar)
     except tarfile.ReadError:
         raise ArchiveError("not a tar archive (plain, gzip, bzip2 or xz) or cut short") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as exc:
         raise ArchiveError(f"not a valid archive: {' '.join(str(exc).split())}") from None
+
+
+def reading(archive: IO[bytes]) -> tarfile.TarFile:
+    """``archive`` (tar: plain, gzip, bzip2 or xz) opened for reading with its headers capped
+    (:class:`_Header`): what every archive of someone else's is read through."""
+    return tarfile.open(fileobj=archive, mode="r:*", tarinfo=_Header)
+
+
+class _Header(tarfile.TarInfo):
+    """A tar header, refused (:class:`ArchiveError`) before ``tarfile`` reads what it says follows
+    when that would take unbounded memory: metadata over :data:`MAX_HEADER_BYTES` (``tarfile`` reads
+    a GNU long name or a pax header into one bytes object, and keeps every global pax header for the
+    rest of the archive), or a sparse file's map of holes in GNU's form or pax's 1.0 (read block by
+    block for as long as it goes on). Pax's sparse 0.0 and 0.1 keep their map in the pax header,
+    capped above. ``tarfile`` reads a header's successor in a call of its own: a chain of headers
+    ends, refused, where Python's recursion does."""
+
+    @classmethod
+    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> _Header:
+        header = super().frombuf(buf, encoding, errors)
+        if header.type in _METADATA and header.size > MAX_HEADER_BYTES:
+            raise ArchiveError(
+                f"an archive header carries {format_size(header.size)} of metadata, above the "
+                f"{format_size(MAX_HEADER_BYTES)} cap"
+            )
+        if header.type == tarfile.GNUTYPE_SPARSE:
+            raise ArchiveError(_SPARSE.format(name=header.name))
+        return header
+
+    @classmethod
+    def fromtarfile(cls, tar: tarfile.TarFile) -> _Header:
+        held = sum(len(key) + len(value) for key, value in tar.pax_headers.items())
+        if held > MAX_HEADER_BYTES:
+            raise ArchiveError(
+                f"the archive's global pax headers carry more than {format_size(MAX_HEADER_BYTES)}, the cap"
+            )
+        try:
+            return super().fromtarfile(tar)
+        except RecursionError:
+            raise ArchiveError("an archive header is followed by too many others before its entry") from None
+
+    def _proc_gnusparse_10(self, member: tarfile.TarInfo, pax_headers: dict[str, str], tar: object) -> None:
+        raise ArchiveError(_SPARSE.format(name=member.name))
+
+
+_SPARSE = "archive entry {name!r} is a sparse file, which is not taken"
 
 
 def _parts(name: str) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ Redis user may do. ``raw_redis`` (for assertions) is the admin.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ from gpulayer.cli import main
 from gpulayer.installation import Installation
 from gpulayer.models import Role
 from gpulayer.network import free_port
+from gpulayer.requirements import Requirements
 from gpulayer.server import redis_server_binary, redis_version, start_redis, wait_ready
 from gpulayer.store import acl
 from gpulayer.store.keys import Keys
@@ -303,6 +305,14 @@ def tokens(web_client: Client) -> dict[str, str]:
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
+
+
+def submit_keywords() -> set[str]:
+    """Every keyword Client.submit takes, read from its signature (a new one is covered as it comes):
+    its parameters, and the fields of Requirements it takes as keywords of their own."""
+    parameters = inspect.signature(Client.submit).parameters.values()
+    named = {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
+    return named | set(Requirements.model_fields)
 
 
 @pytest.fixture

@@ -17,13 +17,15 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+import redis
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from gpulayer import Client, JobState
+from gpulayer.requirements import Requirements
 
-from .conftest import Workers
+from .conftest import Workers, submit_keywords
 
 A100 = json.dumps([{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}])
 WRITE_TOOLS = {"submit_job", "cancel_job", "download_outputs"}
@@ -190,11 +192,15 @@ async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict
     async with session(env) as agent:
         assert "no job 'nosuchjob000'" in await error(agent, "get_job", job_id="nosuchjob000")
         assert "(exit status 2)" in await error(
-            agent, "submit_job", command=["sh", "-c", "true"], requirements={"gpus": -1}
+            agent, "submit_job", command=["sh", "-c", "true"], env={"CUDA_VISIBLE_DEVICES": "0"}
         )
         assert "the command is empty" in await error(agent, "submit_job", command=[""])
-        # Arguments that do not fit the tool's input schema: the SDK's own check, a tool error too.
+        # Arguments that do not fit the tool's input schema (requirements are a model in it): the
+        # SDK's own check, a tool error too.
         assert (await agent.call_tool("get_logs", {"job_id": 123})).is_error
+        refused = await agent.call_tool("submit_job", {"command": ["true"], "requirements": {"gpus": -1}})
+        assert refused.is_error
+        assert "requirements.gpus" in refused.content[0].text  # type: ignore[union-attr]
         # The server is still there.
         assert (await call(agent, "list_jobs"))["jobs"] == []
 
@@ -258,3 +264,26 @@ async def test_over_http_a_token_decides_the_tools_and_the_source_comes_as_an_ar
     for headers, status in (({}, 401), ({"Authorization": f"Bearer {metrics}"}, 403)):
         answer = httpx2.post(f"http://{address}/mcp", headers=headers, json={})
         assert answer.status_code == status
+
+
+@pytest.mark.anyio
+async def test_over_http_submit_job_takes_no_keyword_of_client_submit_in_its_requirements(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    """The remote tool runs in the web server: a path among its requirements would be the server's
+    file (its own access here). Each keyword of Client.submit that is not a requirement is refused
+    there, as a tool error, and nothing is queued."""
+    address, web = web_server
+    submitter, _ = web.create_token("agent", "submitter")
+    own = str(web.settings.home / "access" / "web.json")
+    keywords = submit_keywords() - set(Requirements.model_fields)
+    assert {"source", "inputs", "requirements"} <= keywords
+    before = raw_redis.dbsize()
+    async with over_http(address, submitter) as agent:
+        for keyword in sorted(keywords):
+            arguments = {"command": ["true"], "requirements": {keyword: own}}
+            refused = await agent.call_tool("submit_job", arguments)
+            assert refused.is_error, keyword
+            assert f"requirements.{keyword}" in refused.content[0].text  # type: ignore[union-attr]
+    assert raw_redis.dbsize() == before
+    assert web.jobs() == []

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 import sys
@@ -62,6 +63,28 @@ def test_nothing_up_starts_has_a_secret_on_its_command_line_or_in_its_environmen
         process = psutil.Process(state[key])
         listed = " ".join(process.cmdline()) + " " + json.dumps(process.environ())
         assert not any(secret in listed for secret in secrets), key
+
+
+def test_a_source_folder_holding_the_home_ships_none_of_it_nor_any_installations_keys(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    """`GPULAYER_HOME` inside the folder shipped (here the home `up` made is in it), and a copy of a
+    home's keys elsewhere in it: a job listing and printing every file it got finds none of them."""
+    home, installation = up(up_env)
+    assert home.parent == tmp_path
+    backup = tmp_path / "backup"
+    shutil.copytree(home / "access", backup / "access")
+    shutil.copy(home / "installation.json", backup / "installation.json")
+    (backup / "readme.txt").write_text("kept\n")
+    (tmp_path / "project.txt").write_text("shipped\n")
+    everything = "find . -type f | sort; find . -type f | sort | xargs cat"
+    done = gpulayer(up_env, "submit", "--source", str(tmp_path), "--wait", "--", "sh", "-c", everything)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["./backup/readme.txt", "./project.txt", "kept", "shipped"]
+    [job_id] = [line.split()[1] for line in done.stderr.splitlines() if line.endswith(" queued")]
+    logs = gpulayer(up_env, "logs", job_id)
+    for secret in secrets_of(installation):
+        assert secret not in done.stdout + done.stderr + logs.stdout + logs.stderr
 
 
 def test_join_takes_its_token_from_stdin_a_file_or_the_environment_and_never_argv(

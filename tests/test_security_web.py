@@ -5,11 +5,13 @@ expiring token or a forged header can and cannot do."""
 from __future__ import annotations
 
 import datetime
+import gzip
 import http.client
 import json
 import ssl
 import subprocess
 import sys
+import tarfile
 import time
 import urllib.error
 import urllib.request
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit
 
+import httpx2
+import psutil
 import pytest
 import redis
 from click.testing import Result
@@ -32,10 +36,12 @@ from werkzeug.test import TestResponse
 from gpulayer import Client, tls
 from gpulayer import access as accesses
 from gpulayer.network import free_port
+from gpulayer.requirements import Requirements
 from gpulayer.store.tokens import SESSION_LIFETIME, token_hash
 from gpulayer.web import create_app
+from gpulayer.web.api import SubmitRequest
 from gpulayer.web.auth import SESSION_COOKIE
-from tests.conftest import auth, wait_for
+from tests.conftest import auth, submit_keywords, wait_for
 
 #: A generous wait (s) for a socket to close or a server to answer.
 WAIT = 30.0
@@ -256,6 +262,207 @@ def test_behind_a_proxy_failed_logins_are_counted_by_the_address_it_forwards_and
     assert SimpleCookie(other.headers["Set-Cookie"])[SESSION_COOKIE]["secure"] is True
     counted = raw_redis.scan_iter(match=web_client.keys.login_failures("*"))
     assert [key.decode() for key in counted] == [web_client.keys.login_failures("203.0.113.7")]
+
+
+def test_failed_bearer_tokens_count_toward_the_login_limit_and_past_it_both_get_429(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    address, web = web_server
+    viewer, _ = web.create_token("viewer", "viewer")
+
+    def jobs(token: str) -> int:
+        return status_of(urllib.request.Request(f"http://{address}/api/v1/jobs", headers=auth(token)))
+
+    def login(token: str) -> int:
+        body = json.dumps({"token": token}).encode()
+        headers = {"Content-Type": "application/json"}
+        return status_of(urllib.request.Request(f"http://{address}/login", data=body, headers=headers))
+
+    assert (jobs(viewer), login(viewer)) == (200, 200)
+    for guess in range(5):
+        assert jobs(f"glt_guess-{guess}") == 401
+        assert login(f"glt_guess-login-{guess}") == 401
+    # Ten wrong guesses, half of each kind: the right token, sent either way, is refused for the window.
+    assert (jobs(viewer), login(viewer), jobs("glt_another-guess")) == (429, 429, 429)
+    assert int(cast(bytes, raw_redis.get(web.keys.login_failures("127.0.0.1")))) == 10
+
+
+def status_of(request: urllib.request.Request) -> int:
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as refused:
+        return refused.code
+
+
+# --- login CSRF ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {"Origin": "http://evil.example"},
+        {"Origin": "null"},  # a sandboxed frame's, or a data: page's
+        {"Origin": "http://localhost.evil.example"},
+        {"Referer": "http://evil.example/login-csrf.html"},
+    ],
+)
+def test_a_login_posted_by_another_sites_page_is_refused_and_sets_no_cookie(
+    http: FlaskClient,
+    tokens: dict[str, str],
+    web_client: Client,
+    raw_redis: redis.Redis,
+    sent: dict[str, str],
+) -> None:
+    """Login CSRF: a page elsewhere posts the attacker's own token to /login, and the browser would
+    then use the attacker's session (what it submits, the attacker reads). A browser names the page
+    it posts from in Origin (or, older ones, in Referer)."""
+    answer = http.post("/login", data={"token": tokens["viewer"]}, headers=sent)
+    assert answer.status_code == 403
+    assert cast(dict[str, str], answer.json)["error"].startswith("logins from ")
+    assert "Set-Cookie" not in answer.headers
+    assert session_keys(raw_redis, web_client) == []
+    # The server's own page (the Flask test client's host is localhost), and a program sending none.
+    for own in ({"Origin": "http://localhost"}, {"Referer": "http://localhost/"}, {}):
+        answer = http.post("/login", data={"token": tokens["viewer"]}, headers=own)
+        assert answer.status_code == 200, own
+        assert session_cookie(answer)
+
+
+# --- what a request can reach ----------------------------------------------------------------------
+def post_json(url: str, token: str, body: Any) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={**auth(token), "Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.load(refused)
+
+
+def test_a_submit_naming_the_servers_own_files_is_refused_and_queues_nothing(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    """The exploit as reported: a submitter's API token named files of the web server's machine
+    (its own access, the home, /etc/shadow) among a job's requirements, and the server packed them
+    into the job."""
+    address, web = web_server
+    token, _ = web.create_token("attacker", "submitter")
+    home = web.settings.home
+    assert (home / "access" / "web.json").exists()
+    before = (raw_redis.dbsize(), web.jobs())
+    for body in (
+        {"command": ["cat", "web.json"], "requirements": {"inputs": [str(home / "access" / "web.json")]}},
+        {"command": ["cat", "shadow"], "requirements": {"inputs": ["/etc/shadow"]}},
+        {"command": ["ls", "-R"], "requirements": {"source": str(home)}},
+        {"command": ["ls", "-R"], "source": str(home)},
+        {"command": ["cat", "shadow"], "inputs": ["/etc/shadow"]},
+        [{"command": ["cat", "shadow"], "requirements": {"inputs": ["/etc/shadow"]}}],
+    ):
+        status, answer = post_json(f"http://{address}/api/v1/jobs", token, body)
+        assert status == 400, (body, answer)
+        assert "\n" not in answer["error"]
+        assert "Extra inputs are not permitted" in answer["error"], answer
+    assert (raw_redis.dbsize(), web.jobs()) == before
+
+
+def test_no_keyword_of_client_submit_passes_where_the_api_body_does_not_carry_it(
+    http: FlaskClient, tokens: dict[str, str], web_client: Client, raw_redis: redis.Redis
+) -> None:
+    """Inside requirements, only Requirements' fields; at the top level, only the body's own: not
+    source or inputs (files come only as uploads), nor a requirement. For a single job, a list, and
+    the multipart form's spec alike."""
+    path = str(web_client.settings.home / "access" / "web.json")  # what each keyword is sent
+    inside = submit_keywords() - set(Requirements.model_fields)
+    on_top = submit_keywords() - set(SubmitRequest.model_fields)
+    assert {"source", "inputs", "requirements", "command"} <= inside
+    assert {"source", "inputs", "gpus", "labels"} <= on_top
+    bodies = [{"command": ["true"], "requirements": {keyword: path}} for keyword in sorted(inside)]
+    bodies += [{"command": ["true"], keyword: path} for keyword in sorted(on_top)]
+    submitter = auth(tokens["submitter"])
+    before = raw_redis.dbsize()
+    for body in bodies:
+        for answer in (
+            http.post("/api/v1/jobs", json=body, headers=submitter),
+            http.post("/api/v1/jobs", json=[{"command": ["true"]}, body], headers=submitter),
+            http.post(
+                "/api/v1/jobs",
+                data={"spec": json.dumps(body)},
+                headers=submitter,
+                content_type="multipart/form-data",
+            ),
+        ):
+            assert answer.status_code == 400, (body, answer.json)
+            error = cast(dict[str, str], answer.json)["error"]
+            assert "Extra inputs are not permitted" in error, (body, error)
+            assert "\n" not in error
+    assert raw_redis.dbsize() == before
+    assert web_client.jobs() == []
+
+
+def long_name_bomb(size: int) -> bytes:
+    """A gzip tar archive whose one header says a GNU long name of ``size`` bytes follows, and does:
+    gzip members of 1 MiB each, made once (what tarfile read into one bytes object, whole)."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, size
+    mebibyte = gzip.compress(b"a" * (1 << 20), 9)
+    return gzip.compress(info.tobuf(format=tarfile.GNU_FORMAT)) + mebibyte * (size >> 20)
+
+
+def server_processes(port: int) -> list[psutil.Process]:
+    """The `gpulayer server --port PORT` this test started, and its gunicorn worker."""
+    for child in psutil.Process().children():
+        if child.cmdline()[-2:] == ["--port", str(port)]:
+            return [child, *child.children(recursive=True)]
+    raise AssertionError(f"no server on port {port} among this test's processes")
+
+
+def peak_rise(processes: list[psutil.Process], action: Callable[[], object]) -> int:
+    """How far (bytes) the processes' memory, together, rose above where it rested while ``action``
+    ran: each one's peak resident size (VmHWM, reset first) less its resident size before."""
+    resting = {process.pid: process.memory_info().rss for process in processes}
+    for process in processes:
+        Path(f"/proc/{process.pid}/clear_refs").write_text("5")  # the peak is now what it holds
+    action()
+    return sum(peak(process.pid) - resting[process.pid] for process in processes)
+
+
+def peak(pid: int) -> int:
+    [line] = [
+        line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:")
+    ]
+    return int(line.split()[1]) * 1024
+
+
+def test_a_megabyte_upload_holding_a_gibibyte_long_name_is_refused_in_a_few_megabytes_of_memory(
+    web_server: tuple[str, Client], raw_redis: redis.Redis
+) -> None:
+    address, web = web_server
+    token, _ = web.create_token("uploader", "submitter")
+    bomb = long_name_bomb(1 << 30)
+    assert len(bomb) < 1_200_000
+    answers: list[httpx2.Response] = []
+
+    def upload(archive: bytes) -> None:
+        files = {"source": ("source.tar.gz", archive, "application/gzip")}
+        answers.append(
+            httpx2.post(
+                f"http://{address}/api/v1/jobs",
+                headers=auth(token),
+                data={"spec": json.dumps({"command": ["true"]})},
+                files=files,
+                timeout=WAIT * 4,
+            )
+        )
+
+    upload(long_name_bomb(1 << 20))  # the same path once first: what it imports is part of its rest
+    before = raw_redis.dbsize()
+    rise = peak_rise(server_processes(int(address.rsplit(":", 1)[1])), lambda: upload(bomb))
+    assert [answer.status_code for answer in answers] == [400, 400]
+    assert answers[-1].json() == {
+        "error": "source: an archive header carries 1.0 GiB of metadata, above the 64.0 KiB cap"
+    }
+    assert rise < 100 * 1024 * 1024, f"{rise / 2**20:.0f} MiB"
+    assert raw_redis.dbsize() == before
 
 
 # --- `gpulayer server` -----------------------------------------------------------------------------

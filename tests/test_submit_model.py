@@ -44,14 +44,15 @@ def defaults(names: set[str]) -> dict[str, Any]:
 
 def test_client_submit_takes_every_option_with_the_models_default() -> None:
     given = keywords(gl.Client.submit)
-    assert set(given) == OPTIONS | {"source", "inputs"}
+    # The requirements come as a Requirements (what the API and MCP pass), or as its fields' keywords.
+    assert set(given) == OPTIONS | {"source", "inputs", "requirements"}
     assert {name: given[name] for name in OPTIONS} == defaults(OPTIONS) | {"env": None, "outputs": ()}
 
 
 def test_client_submit_many_takes_every_option_a_list_shares() -> None:
     given = keywords(gl.Client.submit_many)
-    assert set(given) == SHARED
-    assert given == defaults(SHARED) | {"env": None, "outputs": ()}
+    assert set(given) == SHARED | {"requirements"}
+    assert given == defaults(SHARED) | {"env": None, "outputs": (), "requirements": None}
 
 
 def test_the_api_body_and_its_openapi_schema_derive_from_the_model() -> None:

@@ -16,6 +16,7 @@ import click
 from ..client import Job
 from ..errors import GpulayerError, WaitTimeout
 from ..models import JobRecord, JobState, Launcher, LogLine, RetryOn
+from . import terminal
 from .app import (
     EXIT_INTERRUPTED,
     duration,
@@ -397,16 +398,16 @@ def _print_lines(job: Job, *, follow: bool, rank: int | None = None) -> None:
 def _echo_line(line: LogLine, prefix: bool = True) -> None:
     text = f"[rank {line.rank}] {line.text}" if prefix and line.rank is not None else line.text
     if line.stream == "stdout":
-        click.echo(text)
+        terminal.echo(text)
     elif line.stream == "stderr":
-        click.echo(text, err=True)
+        terminal.echo(text, err=True)
     else:
-        click.echo(f"gpulayer: {text}", err=True)
+        terminal.echo(f"gpulayer: {text}", err=True)
 
 
 def _report_end(record: JobRecord) -> None:
     detail = f": {record.reason}" if record.reason else ""
-    click.echo(f"job {record.id} {record.state.value}{detail}", err=True)
+    terminal.echo(f"job {record.id} {record.state.value}{detail}", err=True)
 
 
 def _elapsed(record: JobRecord) -> str:

@@ -15,6 +15,7 @@ from ..client import Job
 from ..errors import ArchiveError, OutputNotProduced, TokenError
 from ..job_options import JobOptions
 from ..models import JobState, Role, plain_name, validation_message
+from ..requirements import Requirements
 from ..units import parse_duration
 from ..unpacking import extract
 from .auth import client, requires
@@ -27,11 +28,11 @@ MAX_PAGE = 1000
 
 class SubmitRequest(JobOptions):
     """``POST /jobs``: a command job, as ``gpulayer submit`` takes it (the job itself is then checked
-    by the same :class:`gpulayer.JobSpec` the CLI builds)."""
+    by the same :class:`gpulayer.JobSpec` the CLI builds). It names no file: files come only as the
+    multipart form's uploads, never as paths, which would be the server's own files."""
 
     command: list[str] | str
-    #: The fields of :class:`gpulayer.Requirements`.
-    requirements: dict[str, Any] = Field(default_factory=dict)
+    requirements: Requirements = Field(default_factory=Requirements, description="What the job needs.")
 
 
 #: The most jobs one ``POST /jobs`` list may hold.
@@ -89,9 +90,7 @@ def submit() -> tuple[Response, int]:
         data = request.get_json(silent=True)
         if isinstance(data, list):
             return jsonify(ids=[job.id for job in _submit_list(data)]), 201
-        body: SubmitRequest = _body(SubmitRequest)
-        job = client().submit(**body.model_dump(exclude={"requirements"}), **body.requirements)
-        return jsonify(id=job.id), 201
+        return jsonify(id=_submit_one(_body(SubmitRequest)).id), 201
     try:
         body = SubmitRequest.model_validate_json(request.form.get("spec", ""))
     except ValidationError as exc:
@@ -99,10 +98,32 @@ def submit() -> tuple[Response, int]:
     with tempfile.TemporaryDirectory(prefix="gpulayer-upload-") as scratch:
         source = _unpacked(request.files.get("source"), Path(scratch) / "source")
         inputs = _saved(request.files.getlist("inputs"), Path(scratch) / "inputs")
-        job = client().submit(
-            **body.model_dump(exclude={"requirements"}), source=source, inputs=inputs, **body.requirements
-        )
+        job = _submit_one(body, source, inputs)
     return jsonify(id=job.id), 201
+
+
+def _submit_one(body: SubmitRequest, source: Path | None = None, inputs: list[Path] | None = None) -> Job:
+    """The job a checked body asks for, with the files uploaded beside it (in the server's scratch
+    folder): each option passed by its name, none taken from the request's own keys."""
+    return client().submit(
+        body.command,
+        source=source,
+        inputs=inputs or [],
+        outputs=body.outputs,
+        env=body.env,
+        timeout=body.timeout,
+        name=body.name,
+        priority=body.priority,
+        retries=body.retries,
+        retry_on=body.retry_on,
+        retry_delay=body.retry_delay,
+        idempotency_key=body.idempotency_key,
+        fail_if_unschedulable=body.fail_if_unschedulable,
+        nodes=body.nodes,
+        procs_per_node=body.procs_per_node,
+        launcher=body.launcher,
+        requirements=body.requirements,
+    )
 
 
 def _submit_list(data: list[Any]) -> list[Job]:
@@ -110,15 +131,30 @@ def _submit_list(data: list[Any]) -> list[Job]:
     if not 0 < len(data) <= MAX_LIST:
         raise ApiError(400, f"a list of jobs holds 1 to {MAX_LIST} of them")
     items = [SubmitRequest.model_validate(item) for item in data]
-    shared = items[0].model_dump(exclude={"command"})
+    first = items[0]
+    shared = first.model_dump(exclude={"command"})
     if any(item.model_dump(exclude={"command"}) != shared for item in items[1:]):
         raise ApiError(
             400, "the jobs of a list must differ only in their command: send a list per set of options"
         )
-    if shared.pop("idempotency_key") is not None:
+    if first.idempotency_key is not None:
         raise ApiError(400, "a list of jobs takes no idempotency_key")
-    requirements = shared.pop("requirements")
-    return client().submit_many([item.command for item in items], **shared, **requirements)
+    return client().submit_many(
+        [item.command for item in items],
+        outputs=first.outputs,
+        env=first.env,
+        timeout=first.timeout,
+        name=first.name,
+        priority=first.priority,
+        retries=first.retries,
+        retry_on=first.retry_on,
+        retry_delay=first.retry_delay,
+        fail_if_unschedulable=first.fail_if_unschedulable,
+        nodes=first.nodes,
+        procs_per_node=first.procs_per_node,
+        launcher=first.launcher,
+        requirements=first.requirements,
+    )
 
 
 def _unpacked(upload: FileStorage | None, folder: Path) -> Path | None:

@@ -1,6 +1,7 @@
 """Who may call what: every route names the least role it needs, and a request proves its role with
 ``Authorization: Bearer TOKEN`` (an API token, see ``gpulayer token create``), or with the cookie of
-a browser session opened at ``/login``."""
+a browser session opened at ``/login``. Failed guesses at a token, sent to ``/login`` or as a bearer
+token, count toward one limit per client address."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 import hmac
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from flask import current_app, g, request
 
@@ -16,6 +18,7 @@ from ..models import BrowserSession, Role, TokenInfo
 from .errors import ApiError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 #: Roles that read, submit and administer, in order: each may do what the ones before it may.
 _LADDER: tuple[Role, ...] = ("viewer", "submitter", "admin")
 #: The attribute a view's least role is kept in (read by the test that checks every route).
@@ -24,6 +27,11 @@ ROLE_ATTRIBUTE = "gpulayer_role"
 SESSION_COOKIE = "gpulayer_session"
 #: Methods that change nothing, so a session's request needs no CSRF token for them.
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+#: Failed guesses at a token (logins, bearer tokens) one address may make per window before its
+#: logins and bearer requests are refused (429) until the window ends.
+MAX_FAILURES = 10
+#: The window (s).
+FAILURE_WINDOW = 300
 
 
 def client() -> Client:
@@ -69,10 +77,36 @@ def authenticate() -> TokenInfo:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "send an API token: Authorization: Bearer TOKEN")
-    info = client().check_token(token.strip())
-    if info is None:
+    return guessed(client().check_token, token.strip())
+
+
+def guessed(check: Callable[[str], T | None], token: str) -> T:
+    """What ``check`` finds for a token the request sent (as a bearer token, or to log in): 401 if
+    nothing, and the guess counts toward its address's limit; 429 while the address is over it, even
+    for a right guess, so guessing on past the limit learns nothing."""
+    address = request.remote_addr or "unknown"
+    if client().failed_logins(address) >= MAX_FAILURES:
+        raise ApiError(429, f"too many failed logins from {address}; wait a few minutes")
+    found = check(token) if token else None
+    if found is None:
+        client().record_failed_login(address, FAILURE_WINDOW)
         raise ApiError(401, "the token is unknown, revoked or expired")
-    return info
+    return found
+
+
+def refuse_other_sites(what: str) -> None:
+    """Refuse (403) a request a page of another site made a browser send: its ``Origin``, else its
+    ``Referer``, names another host than this server's. A request naming neither (a program's, not a
+    page's) passes: it is what its token, or the token it logs in with, lets it be."""
+    sent = request.headers.get("Origin") or request.headers.get("Referer")
+    if sent is not None and not _same_origin(sent, request.host):
+        raise ApiError(403, f"{what} from {urlsplit(sent).netloc or sent} are not accepted here")
+
+
+def _same_origin(origin: str, host: str) -> bool:
+    """Whether a page from ``origin`` is this server's (``host``: the Host header, a port or not)."""
+    page = urlsplit(origin)
+    return page.netloc == host if ":" in host else page.hostname == host
 
 
 def _from_session(cookie: str) -> TokenInfo:

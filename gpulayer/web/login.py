@@ -5,21 +5,18 @@ The cookie is a random id. Redis keeps only its SHA-256, naming the session's re
 SHA-256, the CSRF token) with a TTL, so nothing in Redis, nor any key kept there, makes a cookie.
 A session ends at ``/logout``, when its token is revoked or expires, or after
 :data:`~gpulayer.store.tokens.SESSION_LIFETIME`, whichever comes first; it ends on the server, so
-a copy of the cookie stops working too. Failed logins are limited per client address.
+a copy of the cookie stops working too. Failed logins (and failed bearer tokens) are limited per
+client address, and a login a page of another site posts is refused (login CSRF: it would log the
+browser into the attacker's session).
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from .auth import SESSION_COOKIE, client, requires, session
-from .errors import ApiError
+from .auth import SESSION_COOKIE, client, guessed, refuse_other_sites, requires, session
 
 login = Blueprint("login", __name__)
-#: Failed logins one address may make per window before it is refused (429) until the window ends.
-MAX_FAILURES = 10
-#: The window (s).
-FAILURE_WINDOW = 300
 #: The app's setting that makes the cookie Secure (served over TLS, or behind a proxy that is).
 SECURE_COOKIES = "GPULAYER_SECURE_COOKIES"
 
@@ -27,14 +24,8 @@ SECURE_COOKIES = "GPULAYER_SECURE_COOKIES"
 @login.post("/login")
 def log_in() -> Response:
     """``{"token": "..."}`` (JSON) or a ``token`` form field: a session for that token."""
-    address = request.remote_addr or "unknown"
-    if client().failed_logins(address) >= MAX_FAILURES:
-        raise ApiError(429, f"too many failed logins from {address}; wait a few minutes")
-    token = _sent_token()
-    opened = client().open_session(token) if token else None
-    if opened is None:
-        client().record_failed_login(address, FAILURE_WINDOW)
-        raise ApiError(401, "the token is unknown, revoked or expired")
+    refuse_other_sites("logins")
+    opened = guessed(client().open_session, _sent_token())
     _close_sent_session()  # a browser holds one session: the one it had ends now, not in 12 h
     answer = jsonify(name=opened.token.name, role=opened.token.role, csrf_token=opened.record.csrf_token)
     answer.set_cookie(

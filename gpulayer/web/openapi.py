@@ -67,7 +67,8 @@ def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 def _operation(
     summary: str, role: str, ok: dict[str, Any], status: str = "200", **extra: Any
 ) -> dict[str, Any]:
-    errors = {code: _ERROR for code in ("400", "401", "403", "404", "409", "503")}
+    # 429: the request's address made too many wrong guesses at a token lately (logins and bearer tokens).
+    errors = {code: _ERROR for code in ("400", "401", "403", "404", "409", "429", "503")}
     return {
         "summary": summary,
         "description": f"Needs the {role} role (or admin).",

@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
-from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, current_app, g, request
 from flask_sock import Sock
 
 from ..models import TokenInfo
-from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client
+from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client, refuse_other_sites
 from .errors import ApiError
 from .hub import Hub, Watcher
 
@@ -33,18 +32,10 @@ _IDLE = 1.0
 def _check() -> None:
     """Before the upgrade: a same-origin page (or a client that sends no Origin), and a token that
     may read."""
-    origin = request.headers.get("Origin")
-    if origin is not None and not _same_origin(origin, request.host):
-        raise ApiError(403, f"websockets from {origin} are not accepted here")
+    refuse_other_sites("websockets")
     g.token = authenticate()
     if not allowed(g.token, "viewer"):
         raise ApiError(403, f"this needs the viewer role; the token {g.token.name!r} is {g.token.role}")
-
-
-def _same_origin(origin: str, host: str) -> bool:
-    """Whether a page from ``origin`` is this server's (``host``: the Host header, a port or not)."""
-    page = urlsplit(origin)
-    return page.netloc == host if ":" in host else page.hostname == host
 
 
 def hub() -> Hub:
