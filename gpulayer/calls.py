@@ -181,7 +181,9 @@ class Calls:
         files: set[Path] = set()
         for root in {*self._roots.values(), project_root()}:
             try:
-                members = source_manifest(root, self._settings.max_source_bytes).members.values()
+                members = source_manifest(
+                    root, self._settings.max_source_bytes, self._settings.home
+                ).members.values()
             except SourceError:
                 continue
             files.update(path.resolve() for path in members if path.suffix == ".py" and not path.is_symlink())
