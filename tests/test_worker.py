@@ -16,8 +16,7 @@ from rq.job import Job as RQJob
 
 from gpulayer import Client, JobState
 from gpulayer.installation import Installation
-from gpulayer.store.keys import Keys
-from gpulayer.store.scripts import Scripts
+from gpulayer.store.scripts import library
 from gpulayer.worker.worker import POLL_INTERVAL
 from tests.conftest import Workers, wait_for
 
@@ -216,7 +215,7 @@ def test_an_idle_worker_claims_at_most_twice_per_job_it_is_woken_for(
     """One claim on the submit's wake-up and one with the job's end; none after a claim that came back
     short (it used to claim a third time, finding nothing, every job)."""
     workers.start("lone", 2)
-    claim = Scripts(raw_redis, Keys(client.settings.prefix), client.settings).function("claim")
+    _, claim = library(client.settings.prefix).head("claim", True)
     jobs = 10
     kept = raw_redis.config_get("slowlog-*")  # the session's Redis: as it was, after
     raw_redis.config_set("slowlog-log-slower-than", 0)  # every command is logged

@@ -30,6 +30,7 @@ import hiredis
 from redis import Redis
 from redis.client import Pipeline
 from redis.connection import Connection, ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
 from ..errors import ConfigError
@@ -60,6 +61,12 @@ _NAMES = (
 )
 #: What Redis 7 answers a call of a function it does not have.
 _NO_FUNCTION = "Function not found"
+
+
+class ScriptsMissing(ConfigError, RedisConnectionError):
+    """Redis lacks this version's scripts and this user may not load them. A :class:`ConfigError`,
+    for one line from the CLI; a ``ConnectionError`` too, so a worker waits as for a Redis out of
+    reach (its admin's `gpulayer up` may load them at any moment) instead of stopping."""
 
 
 def _lua(value: Any) -> str:
@@ -194,10 +201,6 @@ class Scripts:
         self._functions = True
         self._held = HeldConnection(redis.connection_pool)
 
-    def function(self, name: str) -> str:
-        """What Redis knows script ``name`` by: its function's name (or, on 6.2, its SHA-1)."""
-        return self._library.head(name, self._functions)[1]
-
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Call one script: see :meth:`calls`."""
         [reply] = self.calls([(name, keys, args)])
@@ -303,7 +306,7 @@ class Scripts:
         try:
             _load(self._redis, self._library)
         except NoPermissionError:
-            raise ConfigError(
+            raise ScriptsMissing(
                 f"this installation's Redis lacks the scripts of this GPUlayer version "
                 f"({self._library.name}) and this Redis user may not load them: the installation's "
                 "admin loads them with `gpulayer up`, or `gpulayer access sync` for a Redis of their own"

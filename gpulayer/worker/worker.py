@@ -545,7 +545,7 @@ class Worker(BaseWorker):
         try:
             spec = _read_spec(job.spec_json)
             files = check_job(self._verifier, job.target, job.spec_json or b"", job.seal, self._verified)
-            if misplaced := _misplaced(job, spec, self.keys.queue_for(spec.queue)):
+            if misplaced := job.misplaced(spec, self.keys.queue_for(spec.queue)):
                 raise UntrustedPayload(misplaced)
         except (ValueError, UntrustedPayload) as exc:
             refused = isinstance(exc, UntrustedPayload)
@@ -790,24 +790,6 @@ def _address_towards(connection: Redis) -> str:
     if not host:  # a Unix socket: Redis, and so every worker, is on this machine
         return "127.0.0.1"
     return address_towards(host, int(kwargs.get("port", 6379)))
-
-
-def _misplaced(job: Claim, spec: JobSpec, queue: str) -> str | None:
-    """Why a job whose seal checks may still not run as claimed, or None. Its seal binds its spec,
-    not where it waits: anyone who writes the queues (a worker's credentials) could push a job's id
-    into another queue, where a worker of other means would take it (a cancelled 1-GPU job into the
-    CPU queue). So a job runs only from ``queue``, the one its signed requirements and priority name,
-    or, for a gang job, only as a part placed on this worker; either way with the GPUs they ask for."""
-    if job.part is None and spec.distributed is not None:
-        return "it is a gang job, taken from a queue: a gang job runs only as parts placed on workers"
-    if job.part is not None and spec.distributed is None:
-        return "it was handed to this worker as a gang job's part, but it is no gang job"
-    if job.part is None and job.queue != queue:
-        return f"it was taken from queue {job.queue}, not {queue}, the one its signed requirements name"
-    if len(job.gpus) != spec.requirements.gpus:
-        asked = spec.requirements.gpus
-        return f"it was given {len(job.gpus)} GPU(s), not the {asked} its signed requirements ask for"
-    return None
 
 
 def _read_spec(raw: bytes | None) -> JobSpec:
