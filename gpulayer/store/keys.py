@@ -238,7 +238,7 @@ class Keys:
         return self._key("rq_workers_of", queue_name)
 
     def rq_worker_name(self, worker: str) -> str:
-        """The name RQ knows a worker by: prefixed, so two installations' workers never collide."""
+        """The name RQ knows a worker by, and RQ's tools show: prefixed with the installation's."""
         return f"{self.prefix}:{worker}"
 
     def worker_display_name(self, rq_worker_name: str) -> str:

@@ -106,12 +106,6 @@ def prelude(keys: Keys) -> str:
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in constants.items())
 
 
-def call_settings(settings: Settings) -> tuple[int, int]:
-    """What every call carries after its arguments (``begin`` in ``_lib.lua`` takes them off): the
-    caller's log cap and retention."""
-    return settings.log_max_lines, settings.retention_seconds
-
-
 @dataclasses.dataclass(frozen=True)
 class Library:
     """The scripts of one installation and version: a Redis 7 function library (``code``, a function
@@ -169,9 +163,9 @@ def load_library(redis: Redis, keys: Keys) -> bool:
     return True
 
 
-def _load(redis: Redis, library: Library) -> None:
+def _load(redis: Redis, scripts: Library) -> None:
     try:
-        redis.function_load(library.code)
+        redis.function_load(scripts.code)
     except ResponseError as exc:
         if "already exists" not in str(exc):  # a caller of the same version loaded it meanwhile
             raise
@@ -182,11 +176,11 @@ def _unknown_command(reply: Any) -> bool:
 
 
 def _lost(command: tuple[Any, ...], reply: Any) -> bool:
-    """Whether Redis refused a script's call for want of the script: run it, it never did."""
+    """Whether Redis refused a script's call for want of the script (so it never ran)."""
     if command[0] not in ("FCALL", "EVALSHA"):
         return False
     return isinstance(reply, NoScriptError) or (
-        isinstance(reply, ResponseError) and (str(reply) == _NO_FUNCTION or _unknown_command(reply))
+        isinstance(reply, ResponseError) and (str(reply).startswith(_NO_FUNCTION) or _unknown_command(reply))
     )
 
 
@@ -196,7 +190,8 @@ class Scripts:
     def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
         self._redis = redis
         self._library = library(keys.prefix)
-        self._settings = call_settings(settings)
+        # What every call carries after its arguments (begin() in _lib.lua takes them off).
+        self._settings = (settings.log_max_lines, settings.retention_seconds)
         #: Whether Redis has functions (7 and later), until a reply says it has not (6.2).
         self._functions = True
         self._held = HeldConnection(redis.connection_pool)
