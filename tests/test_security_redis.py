@@ -11,6 +11,8 @@ import functools
 import hashlib
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -272,6 +274,23 @@ def test_each_installations_jobs_run_and_finish_through_its_scripts_with_the_oth
     calls = {name: stats["calls"] for name, stats in admin.info("commandstats").items()}
     assert calls["cmdstat_fcall"] > 0
     assert calls.get("cmdstat_eval", 0) == calls.get("cmdstat_evalsha", 0) == 0
+    for prefix, team in teams.items():  # RQ's own tools, pointed at one installation, see it alone
+        url = team.installation.url("submitter")
+        flags = ["--url", url, "--raw", "--queue-class", "gpulayer.rq_tools.Queue"]
+        info = subprocess.run(
+            [sys.executable, "-m", "rq.cli", "info", *flags],
+            env=team.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert info.returncode == 0, info.stderr
+        assert [line.split(",")[0] for line in info.stdout.splitlines() if line.startswith("queue ")] == [
+            f"queue {prefix}:default 0"
+        ]
+        assert [line.split()[1] for line in info.stdout.splitlines() if line.startswith("worker ")] == [
+            f"{prefix}:{prefix}-w"
+        ]
 
 
 # --- no arbitrary Lua -------------------------------------------------------------------------------
