@@ -15,6 +15,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import redis.exceptions
 from pydantic import BaseModel, ConfigDict, ValidationError
+from redis import Redis
+from redis.connection import parse_url
 
 from . import access as accesses
 from . import home as local
@@ -27,6 +29,7 @@ from .store import acl
 from .store.acl import ROLES, user_name
 from .store.connection import connect
 from .store.keys import Keys
+from .store.scripts import load_library
 
 FILE = "installation.json"
 
@@ -86,7 +89,15 @@ class Installation(BaseModel):
 
 
 def endpoint_of(redis_url: str) -> str:
-    """The URL without its user and password."""
+    """The URL without its user and password; :class:`ConfigError` for one naming a database other
+    than 0, which the roles could not reach: they may not SELECT (key patterns hold in every
+    database, so another database is another installation's keys of the same names)."""
+    database = int(parse_url(redis_url).get("db") or 0)  # type: ignore[no-untyped-call]
+    if database:
+        raise ConfigError(
+            f"{redact(redis_url)} names database {database}: an installation's roles may not SELECT, so "
+            "it lives in database 0; installations on one Redis are told apart by GPULAYER_PREFIX"
+        )
     parts = urlsplit(redis_url)
     host = parts.hostname or "127.0.0.1"
     netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
@@ -94,12 +105,13 @@ def endpoint_of(redis_url: str) -> str:
 
 
 def create_on(redis_url: str, prefix: str, ca: str | None = None) -> Installation:
-    """A new installation for a Redis the user runs, its roles made there through ``redis_url`` (a user
-    allowed ACL SETUSER). The default user is left as it is: other programs may use it."""
+    """A new installation for a Redis the user runs, its roles and scripts made there through
+    ``redis_url`` (a user allowed ACL SETUSER and FUNCTION LOAD). The default user is left as it is:
+    other programs may use it."""
     installation = Installation.generate(prefix, endpoint_of(redis_url), ca)
     client = connect(redis_url, ca=ca)
     try:
-        acl.apply(client, Keys(prefix), installation.passwords, disable_default=False)
+        _make(client, installation)
     except redis.exceptions.NoPermissionError:
         raise ConfigError(
             f"the user in {redact(redis_url)} may not make Redis users (ACL SETUSER): give an admin's URL, "
@@ -110,6 +122,23 @@ def create_on(redis_url: str, prefix: str, ca: str | None = None) -> Installatio
     finally:
         client.close()
     return installation
+
+
+def sync(installation: Installation) -> None:
+    """Bring the installation's Redis up to this version, as its admin: the roles' users with this
+    version's rules (their passwords kept; the default user left as it is), and its scripts loaded,
+    which on Redis 7 only a user allowed FUNCTION LOAD can (the roles call them, never load them)."""
+    client = connect(installation.url("admin"), ca=installation.ca)
+    try:
+        _make(client, installation)
+    finally:
+        client.close()
+
+
+def _make(admin: Redis, installation: Installation) -> None:
+    keys = Keys(installation.prefix)
+    acl.apply(admin, keys, installation.passwords, disable_default=False)
+    load_library(admin, keys)
 
 
 def load(home: Path) -> Installation | None:

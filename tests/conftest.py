@@ -31,13 +31,14 @@ from flask.testing import FlaskClient
 from gpulayer import Client, Settings
 from gpulayer import access as accesses
 from gpulayer.cli import main
-from gpulayer.installation import Installation
+from gpulayer.installation import Installation, sync
 from gpulayer.models import Role
 from gpulayer.network import free_port
 from gpulayer.requirements import Requirements
 from gpulayer.server import redis_server_binary, redis_version, start_redis, wait_ready
 from gpulayer.store import acl
 from gpulayer.store.keys import Keys
+from gpulayer.store.rq_names import point_rq_at
 from gpulayer.web import create_app
 
 #: How long a test waits for a worker to register or a job to end before failing.
@@ -52,14 +53,15 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 def start_hub(
     folder: Path, *, bind: str = "127.0.0.1", binary: str | None = None, durable: bool = False
 ) -> tuple[Installation, subprocess.Popen[bytes]]:
-    """A redis-server with the users of a new installation, as `gpulayer up` starts one; its URLs name
-    127.0.0.1 (``Installation.url(role, host)`` names another of ``bind``)."""
+    """A redis-server with the users and scripts of a new installation, as `gpulayer up` starts one;
+    its URLs name 127.0.0.1 (``Installation.url(role, host)`` names another of ``bind``)."""
     port = free_port()
     binary = binary or redis_server_binary()
     made = Installation.generate("gpulayer", f"redis://127.0.0.1:{port}/0")
     users = acl.acl_file(Keys(made.prefix), made.passwords, redis_version(binary)[0])
     process = start_redis(folder, port, bind=bind, acl=users, durable=durable, binary=binary)
     wait_ready(made.url("admin"), process)
+    sync(made)  # the scripts, loaded by the admin: the roles may only call them
     return made, process
 
 
@@ -85,6 +87,15 @@ def redis_url(redis_server: str) -> str:
     connection.flushall()
     connection.close()
     return redis_server
+
+
+@pytest.fixture
+def rq_sees(installation: Installation) -> Iterator[None]:
+    """RQ's own classes, in this process, on the installation's keys, as `gpulayer.rq_tools` points
+    them for RQ's tools (rq info, rq-dashboard); as they were after the test."""
+    undo = point_rq_at(Keys(installation.prefix).rq)
+    yield
+    undo()
 
 
 @pytest.fixture

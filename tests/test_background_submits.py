@@ -30,7 +30,7 @@ def background(home: Path) -> Iterator[Client]:
 
 def _script_calls(raw_redis: redis.Redis) -> int:
     stats = raw_redis.info("commandstats")
-    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("fcall", "evalsha", "eval"))
 
 
 def test_a_loop_of_background_submits_makes_every_job_as_given_in_order_in_few_script_calls(

@@ -26,6 +26,7 @@ from schemathesis.generation import GenerationMode
 from gpulayer import ArchiveError, Client, JobState
 from gpulayer.models import build_spec
 from gpulayer.store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE
+from gpulayer.store.keys import Keys
 from gpulayer.unpacking import extract
 from tests.conftest import WAIT, Workers, auth, wait_for
 
@@ -230,7 +231,7 @@ def test_the_api_refuses_an_upload_name_rather_than_renaming_it(
     )
     assert answer.status_code == 400
     assert "is not a plain file name" in answer.get_json()["error"]
-    assert not raw_redis.keys("rq:job:*")
+    assert not raw_redis.keys(Keys("gpulayer").job("*"))
 
 
 def test_outputs_a_worker_replaced_with_a_hostile_archive_write_nothing_outside_the_destination(

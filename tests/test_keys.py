@@ -1,4 +1,5 @@
-"""Key names: each installation's under its prefix, RQ's where RQ looks, and Lua spelling them alike."""
+"""Key names: each installation's under its prefix, RQ's too (RQ's own names, moved), and Lua spelling
+them alike."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from rq.job import Job
 from rq.queue import Queue
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 
-from gpulayer import Settings
 from gpulayer.store.keys import Keys
-from gpulayer.store.scripts import _NAMES, prelude
+from gpulayer.store.rq_names import point_rq_at
+from gpulayer.store.scripts import _NAMES, library, prelude
 
 JOB, WORKER = "0123abcd4567", "gpu-box-1"
 
@@ -46,17 +47,15 @@ def all_keys(keys: Keys, job_id: str = JOB, worker: str = WORKER) -> dict[str, s
     }
 
 
-def test_every_key_is_under_the_prefix_or_in_rqs_namespace() -> None:
+def test_every_key_is_under_the_prefix_rqs_included() -> None:
     for name, key in all_keys(Keys("teamA")).items():
-        assert key.startswith(("teamA:", "rq:")), name
+        assert key.startswith("teamA:"), name
+    assert Keys("teamA").job(JOB) == f"teamA:rq:job:{JOB}"
 
 
-def test_two_prefixes_never_share_a_key_of_their_own() -> None:
+def test_two_prefixes_share_no_key() -> None:
     a, b = all_keys(Keys("teamA")), all_keys(Keys("teamB"))
-    shared = {name for name in a if a[name] == b[name]}
-    # RQ's own: its global sets, and the job hash (jobs are RQ jobs; ids are random). An installation
-    # tells its jobs from another's by their queue (tests/test_prefixes.py).
-    assert shared == {"job", "rq_queues", "rq_workers", "rq_suspended"}
+    assert {name for name in a if a[name] == b[name]} == set()
 
 
 def test_the_worker_display_name_undoes_the_rq_worker_name() -> None:
@@ -64,21 +63,33 @@ def test_the_worker_display_name_undoes_the_rq_worker_name() -> None:
     assert keys.worker_display_name(keys.rq_worker_name(WORKER)) == WORKER
 
 
-def test_queue_and_registry_keys_are_those_rq_itself_uses() -> None:
+def rq_keys(name: str) -> list[str]:
+    """The keys RQ's own classes give a job, a queue and its registries."""
+    never_connected = redis.Redis(port=1)
+    registries = (StartedJobRegistry, FinishedJobRegistry, FailedJobRegistry, CanceledJobRegistry)
+    return [
+        Job(JOB, connection=never_connected).key,
+        Queue(name, connection=never_connected).key,
+        *(registry(name, connection=never_connected).key for registry in registries),
+    ]
+
+
+def test_rqs_keys_pointed_at_an_installation_are_its_and_rqs_own_again_after() -> None:
     keys = Keys("teamA")
     name = keys.queue_name()
-    never_connected = redis.Redis(port=1)
     templates = keys.lua_templates()
-    assert keys.job(JOB) == Job(JOB, connection=never_connected).key
-    assert keys.queue(name) == Queue(name, connection=never_connected).key
-    for template, registry in [
-        ("started", StartedJobRegistry),
-        ("finished", FinishedJobRegistry),
-        ("failed", FailedJobRegistry),
-        ("canceled", CanceledJobRegistry),
-    ]:
-        head, tail = templates[template]
-        assert head + name + tail == registry(name, connection=never_connected).key
+    ours = [keys.job(JOB), keys.queue(name)] + [
+        templates[registry][0] + name + templates[registry][1]
+        for registry in ("started", "finished", "failed", "canceled")
+    ]
+    undo = point_rq_at(keys.rq)
+    try:
+        assert rq_keys(name) == ours
+        # GPUlayer's own names never follow RQ's classes: another installation's, made meanwhile.
+        assert Keys("teamB").job(JOB) == f"teamB:rq:job:{JOB}"
+    finally:
+        undo()
+    assert rq_keys(name) == [key.replace("teamA:rq:", "rq:") for key in ours]
 
 
 def test_lua_templates_rejoin_to_the_key_python_makes() -> None:
@@ -110,7 +121,7 @@ def test_lua_templates_rejoin_to_the_key_python_makes() -> None:
 
 
 def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
-    text = prelude(Keys("teamA"), Settings(prefix="teamA", log_max_lines=123, retention_seconds=456))
+    text = prelude(Keys("teamA"))
     assert [line.split(" = ")[0] for line in text.splitlines()] == [
         f"local {name}"
         for name in (
@@ -126,9 +137,8 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "NEW_QUEUE",
             "PREFIX",
             "RQ_QUEUES",
+            "RQ_WORKERS",
             "RQ_STATUS",
-            "LOG_MAX_LINES",
-            "RETENTION",
             "EVENTS",
             "START_LATENCY",
             "START_BUCKETS",
@@ -144,32 +154,48 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
     assert 'local JOBS = "teamA:jobs"\n' in text
     assert 'local QUEUES = "teamA:queues"\n' in text
     assert 'local PREFIX = "teamA:"\n' in text
-    assert 'local RQ_QUEUES = "rq:queues"\n' in text
+    assert 'local RQ_QUEUES = "teamA:rq:queues"\n' in text
     assert 'inputs = {"teamA:files:", ":in"}' in text
     assert 'scheduled = "started"' in text
-    assert "local LOG_MAX_LINES = 123\n" in text
-    assert "local RETENTION = 456\n" in text
 
 
-def test_the_prelude_and_every_script_parse_as_lua_51() -> None:
+def test_the_library_and_every_script_parse_as_lua_51_and_take_the_callers_settings_per_call() -> None:
     lua51 = pytest.importorskip("lupa.lua51")
     keys = Keys("teamA")
     folder = resources.files("gpulayer.store") / "lua"
-    head = prelude(keys, Settings(prefix="teamA", retention_seconds=456)) + (folder / "_lib.lua").read_text()
+    head = prelude(keys) + (folder / "_lib.lua").read_text()
     lua = lua51.LuaRuntime()
+    # A call's arguments, then the caller's log cap and retention: begin() takes those two off.
     probe = (
-        "\nreturn key(K.inputs, ARG), JOBS, key(K.wake, ARG), RQ_QUEUES,"
-        " RQ_STATUS.cancelled, LOG_MAX_LINES, RETENTION"
+        "\nlocal argv = {'mine', '123', '456'}\nbegin(argv)"
+        "\nreturn key(K.inputs, ARG), JOBS, key(K.wake, ARG), RQ_QUEUES, RQ_STATUS.cancelled,"
+        " LOG_MAX_LINES, RETENTION, #argv"
     )
     lua.globals().ARG = JOB
     assert lua.execute(head + probe) == (
         keys.inputs(JOB),
         "teamA:jobs",
         keys.wake(JOB),
-        "rq:queues",
+        "teamA:rq:queues",
         "canceled",
-        10_000,
+        123,
         456,
+        1,
     )
-    for name in _NAMES:
-        lua.compile(head + (folder / f"{name}.lua").read_text())
+    scripts = library("teamA")
+    assert sorted(scripts.scripts) == sorted(_NAMES)
+    for text in scripts.scripts.values():
+        lua.compile(text)
+    shebang, code = scripts.code.split("\n", 1)
+    assert shebang == f"#!lua name={scripts.name}"
+    lua.compile(code)
+
+
+def test_each_installation_and_each_version_of_the_scripts_has_a_library_of_its_own() -> None:
+    a, b = library("teamA"), library("team.A")
+    assert a.name.startswith("gl_teamA_")
+    assert b.name.startswith("gl_team_A_")
+    # What each holds (its keys) names it too: prefixes spelt alike in a library's name never meet.
+    assert a.name.rsplit("_", 1)[1] != b.name.rsplit("_", 1)[1]
+    assert a.head("claim", True) == ("FCALL", f"{a.name}_claim")
+    assert a.head("claim", False)[0] == "EVALSHA"

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import signal
 import tarfile
 import threading
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 import redis
 
-from gpulayer import Client, JobState
+from gpulayer import Client, ConfigError, JobState
+from gpulayer.installation import Installation, sync
 from gpulayer.models import build_spec
 from gpulayer.store.artifacts import INPUTS_ARCHIVE
 from gpulayer.store.execution import ClaimRequest, ExecutionStore, QueueOffer
-from gpulayer.store.scripts import Scripts
+from gpulayer.store.scripts import Scripts, library
+from gpulayer.worker.worker import POLL_INTERVAL
 from tests.conftest import Workers, kill_machine, wait_for
 
 #: Short leases, so a lost worker shows within seconds.
@@ -270,49 +272,60 @@ def forged_archive(member: tarfile.TarInfo | str) -> io.BytesIO:
     return buffer
 
 
-def test_workers_and_clients_carry_on_after_redis_forgets_its_scripts(
-    client: Client, workers: Workers, raw_redis: redis.Redis
+def test_after_redis_loses_its_scripts_a_role_says_the_admin_must_load_them_and_all_carry_on_once_loaded(
+    client: Client, workers: Workers, raw_redis: redis.Redis, installation: Installation
 ) -> None:
-    workers.start()
+    """The roles may not load the scripts (Redis 7): after a Redis that lost them (a restart without
+    persistence), a client says so in one line; a worker waits, as for a Redis out of reach, and
+    carries on once the admin has loaded them (what `gpulayer up` and `access sync` do)."""
+    process = workers.start()
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
-    raw_redis.script_flush()
+    raw_redis.function_flush()
+    with pytest.raises(ConfigError, match="the installation's admin loads them with `gpulayer up`"):
+        client.submit(["true"])
+    time.sleep(POLL_INTERVAL * 1.5)  # the idle worker's claims found no scripts meanwhile
+    sync(installation)
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+    assert process.poll() is None
 
 
 def test_batches_sent_one_after_the_other_to_a_redis_that_lost_its_scripts_are_each_made_once(
-    client: Client, raw_redis: redis.Redis
+    installation: Installation, raw_redis: redis.Redis
 ) -> None:
-    client.submit_many([["true"]])  # the scripts loaded
-    raw_redis.script_flush()
-    jobs = client.submit_many([["true"]] * 2500)  # three script calls, each sent before the last's reply
+    admin = Client(access=installation.access("admin"))  # a user who may load the scripts
+    admin.submit_many([["true"]])  # the scripts loaded
+    raw_redis.function_flush()
+    jobs = admin.submit_many([["true"]] * 2500)  # three script calls, each sent before the last's reply
     assert len({job.id for job in jobs}) == 2500
-    assert client.job_counts()[JobState.QUEUED] == 2501
+    assert admin.job_counts()[JobState.QUEUED] == 2501
+    admin.close()
 
 
-def test_a_job_claimed_beside_a_script_redis_lost_is_handed_over_not_dropped(
+def test_only_the_calls_redis_refused_for_a_library_it_lost_go_again_once_it_is_loaded(
     client: Client, raw_redis: redis.Redis
 ) -> None:
-    """A job's end and the next claim go in one round trip. Redis that has the claim script but lost
-    finish.lua (flushed, or never given it: a fresh Redis) runs the claim and refuses the finish;
-    only the finish goes again, and the job the claim took comes back to the worker. (The whole
-    round trip used to go again: the second claim found the queue empty, and the job the first one
-    took waited out its lease, 15 s, with its first attempt "lost".)"""
+    """Calls go in one round trip (a job's end and the next claim). Should Redis lose the library
+    midway (flushed; a restart without persistence), the calls before ran and those after were
+    refused: only those go again, once the library is loaded (by a user who may: the admin here).
+    Here two claims, the library deleted between them: sent again, the first would take a second
+    job, and the second claim find the queue empty."""
     first, second = client.submit(["true"]), client.submit(["true"])
-    scripts = Scripts(client.redis, client.keys, client.settings)
-    store = ExecutionStore(client.redis, client.keys, scripts, "w1")
+    scripts = Scripts(raw_redis, client.keys, client.settings)
+    store = ExecutionStore(raw_redis, client.keys, scripts, "w1")
     queue = client.keys.queue_for(first.status().spec.queue)
-    request = ClaimRequest([QueueOffer(queue, 0, 1, 0)], 1, 2, 2**30, 60_000)
-    [claim], _ = store.claim(request)
-    raw_redis.script_flush()
-    store.claim(dataclasses.replace(request, limit=0))  # Redis knows the claim script again, not finish.lua
-    ended, claimed = store.finish(
-        claim, JobState.SUCCEEDED, exit_code=0, reason=None, outputs=None, seconds=0.0, then=request
-    )
-    assert (claim.job_id, ended) == (first.id, "ended")
-    assert claimed is not None
-    assert [taken.job_id for taken in claimed[0]] == [second.id]
-    assert first.status().state is JobState.SUCCEEDED
-    assert [attempt.outcome for attempt in first.status().attempts] == ["succeeded"]
+    call = store._claim_call(ClaimRequest([QueueOffer(queue, 0, 1, 0)], 1, 2, 2**30, 60_000))
+    functions = library(client.keys.prefix).name
+
+    def build(pipe: redis.client.Pipeline) -> None:
+        scripts.queue(pipe, "claim", *call)
+        pipe.execute_command("FUNCTION", "DELETE", functions)
+        scripts.queue(pipe, "claim", *call)
+
+    taken, _, again = scripts.pipeline(build)
+    assert [reply[1:3] for reply in (taken, again)] == [[first.id.encode(), 1], [second.id.encode(), 1]]
+    records = [job.status() for job in (first, second)]
+    assert [(record.state, record.attempt) for record in records] == [(JobState.RUNNING, 1)] * 2
+    assert raw_redis.function_list(functions)  # loaded again
 
 
 def test_a_retry_finds_the_checkpoint_folder_the_lost_attempt_kept_on_another_worker(

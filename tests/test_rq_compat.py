@@ -1,10 +1,14 @@
 """RQ's own tools agree with GPUlayer: a requeue through RQ's API, RQ's view of what a worker runs,
-and why a job failed, read the way rq-dashboard and ``rq`` read them."""
+and why a job failed, read the way rq-dashboard and ``rq`` read them (RQ pointed at the installation's
+keys, as ``gpulayer.rq_tools`` points RQ's tools)."""
 
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
 import sys
+import urllib.request
 import zlib
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -21,15 +25,17 @@ from rq.utils import utcformat
 from rq.worker import Worker as RQWorker
 
 import gpulayer as gl
-from gpulayer import Client, JobState, Settings
+from gpulayer import Client, JobState
 from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
+from gpulayer.network import free_port
 from gpulayer.store.keys import Keys
 from gpulayer.store.rq_jobs import format_timestamp, parse_timestamp
 from gpulayer.store.scripts import prelude
-from tests.conftest import Workers, wait_for
+from tests.conftest import Workers, answers, wait_for
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+pytestmark = pytest.mark.usefixtures("rq_sees")
 
 
 def as_role(installation: Installation, role: AccessRole) -> redis.Redis:
@@ -165,6 +171,40 @@ def test_a_viewer_cannot_requeue_a_failed_job_through_rq(
     assert job.status().state is JobState.FAILED
 
 
+def test_rq_dashboard_with_the_flag_the_docs_give_shows_the_installation_and_requeues_a_failed_job(
+    client: Client, workers: Workers, installation: Installation, tmp_path: Path
+) -> None:
+    pytest.importorskip("rq_dashboard")
+    workers.start("w1", 1)
+    job = client.submit(failed_once(tmp_path / "ran"), retries=0)
+    assert job.wait(30).state is JobState.FAILED
+    port = free_port()
+    # As a submitter, whose Redis user reaches the installation's keys alone.
+    command = ["rq-dashboard", "-c", "gpulayer.rq_tools", "-u", installation.url("submitter")]
+    with open(tmp_path / "dashboard.log", "wb") as log:
+        dashboard = subprocess.Popen(
+            [Path(sys.executable).with_name(command[0]), *command[1:], "-b", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: answers(base), what="rq-dashboard")
+        with urllib.request.urlopen(f"{base}/0/data/queues.json", timeout=10) as answer:
+            [queue] = json.load(answer)["queues"]
+        assert (queue["name"], queue["failed_job_registry_count"]) == (client.keys.queue_name(), 1)
+        with urllib.request.urlopen(f"{base}/0/data/workers.json", timeout=10) as answer:
+            assert [worker["name"] for worker in json.load(answer)["workers"]] == ["gpulayer:w1"]
+        requeue = urllib.request.Request(f"{base}/job/{job.id}/requeue", method="POST")
+        with urllib.request.urlopen(requeue, timeout=10) as answer:
+            assert json.load(answer) == {"status": "OK"}
+    finally:
+        dashboard.terminate()
+        dashboard.wait(10)
+    wait_for(lambda: job.status().state is JobState.SUCCEEDED, what="the job requeued from rq-dashboard")
+    assert job.status().attempt == 2
+
+
 # --- RQ's view of the worker ------------------------------------------------------------------------
 
 
@@ -248,7 +288,7 @@ def lua_helpers() -> tuple[Callable[[bytes], bytes], Callable[[bytes, int], byte
     """The scripts' encoder (``base64(zlib_stored(text))``) and ``cut``, run by Lua 5.1 as Redis runs them."""
     lua51 = pytest.importorskip("lupa.lua51")
     folder = resources.files("gpulayer.store") / "lua"
-    head = prelude(Keys("teamA"), Settings(prefix="teamA")) + (folder / "_lib.lua").read_text()
+    head = prelude(Keys("teamA")) + (folder / "_lib.lua").read_text()
     probe = "\nreturn function(text) return base64(zlib_stored(text)) end, cut"
     encode, cut = lua51.LuaRuntime(encoding=None).execute(head + probe)
     return encode, cut

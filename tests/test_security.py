@@ -104,12 +104,13 @@ def test_the_default_user_is_off_and_a_role_needs_its_own_password(hub: Installa
 
 def test_the_viewer_reads_and_writes_nothing(hub: Installation) -> None:
     admin, viewer = as_role(hub, "admin"), as_role(hub, "viewer")
-    admin.hset("rq:job:abc", "gl_state", "queued")
-    assert viewer.hget("rq:job:abc", "gl_state") == b"queued"
+    job = Keys(hub.prefix).job("abc")
+    admin.hset(job, "gl_state", "queued")
+    assert viewer.hget(job, "gl_state") == b"queued"
     for command in [
-        ("HSET", "rq:job:abc", "gl_spec", "{}"),
+        ("HSET", job, "gl_spec", "{}"),
         ("SET", "gpulayer:x", "1"),
-        ("DEL", "rq:job:abc"),
+        ("DEL", job),
         ("PUBLISH", "gpulayer:events", "x"),
         ("EVAL", "return 1", "0"),
     ]:

@@ -9,30 +9,43 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 from rq.command import send_stop_job_command
 from rq.job import Job as RQJob
 
 from gpulayer import Client, JobState
-from gpulayer.store.keys import Keys
-from gpulayer.store.scripts import Scripts
+from gpulayer.installation import Installation
+from gpulayer.store.scripts import library
 from gpulayer.worker.worker import POLL_INTERVAL
 from tests.conftest import Workers, wait_for
 
 
-def test_rq_info_shows_the_queue_and_the_worker(client: Client, workers: Workers, redis_url: str) -> None:
-    workers.start(name="box-a")
-    client.submit(["true"]).wait(30)
-    info = subprocess.run(
-        [sys.executable, "-m", "rq.cli", "info", "--url", redis_url, "--raw"],
+def rq_info(url: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rq.cli", "info", "--url", url, "--raw", *flags],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
-    assert "queue gpulayer:default 0, 0 executing, 1 finished, 0 failed" in info
-    assert "worker gpulayer:box-a" in info
+        check=False,
+    )
 
 
+def test_rq_info_with_the_flag_the_docs_give_shows_the_queue_and_the_worker_to_a_submitter(
+    client: Client, workers: Workers, installation: Installation
+) -> None:
+    workers.start(name="box-a")
+    client.submit(["true"]).wait(30)
+    # As the submitter's Redis user, which reaches the installation's keys alone: rq info (which
+    # cleans the registries it shows) touched nothing outside them.
+    info = rq_info(installation.url("submitter"), "--queue-class", "gpulayer.rq_tools.Queue")
+    assert info.returncode == 0, info.stderr
+    assert "queue gpulayer:default 0, 0 executing, 1 finished, 0 failed" in info.stdout
+    assert "worker gpulayer:box-a" in info.stdout
+    plain = rq_info(installation.url("admin"))  # RQ's own namespace: nothing of the installation's
+    assert (plain.returncode, plain.stdout) == (0, "")
+
+
+@pytest.mark.usefixtures("rq_sees")
 def test_a_job_is_an_rq_job(client: Client, workers: Workers, raw_redis: redis.Redis) -> None:
     workers.start(name="box-a")
     job = client.submit(["echo", "hello world"])
@@ -46,6 +59,7 @@ def test_a_job_is_an_rq_job(client: Client, workers: Workers, raw_redis: redis.R
     assert rq_job.ended_at is not None
 
 
+@pytest.mark.usefixtures("rq_sees")
 def test_rqs_own_stop_job_command_cancels_a_running_job(
     client: Client, workers: Workers, raw_redis: redis.Redis
 ) -> None:
@@ -128,7 +142,7 @@ def test_a_second_sigterm_stops_jobs_and_puts_them_back_in_their_queue(
     assert job.status().worker == "w2"
 
 
-def test_a_suspended_installation_takes_no_jobs_until_resumed(
+def test_a_suspended_installation_takes_no_jobs_until_resumed_and_rqs_own_suspend_is_anothers(
     client: Client, workers: Workers, redis_url: str
 ) -> None:
     def rq(*args: str) -> None:
@@ -137,11 +151,13 @@ def test_a_suspended_installation_takes_no_jobs_until_resumed(
         )
 
     workers.start()
-    rq("suspend")
+    rq("suspend")  # RQ's own namespace: another program's RQ workers stop, this installation's do not
+    assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
+    rq("suspend", "--queue-class", "gpulayer.rq_tools.Queue")
     job = client.submit(["true"])
     time.sleep(POLL_INTERVAL * 1.5)  # the worker was woken by the submit, and has polled since
     assert job.status().state is JobState.QUEUED
-    rq("resume")
+    rq("resume", "--queue-class", "gpulayer.rq_tools.Queue")
     assert job.wait(30).state is JobState.SUCCEEDED
 
 
@@ -199,7 +215,7 @@ def test_an_idle_worker_claims_at_most_twice_per_job_it_is_woken_for(
     """One claim on the submit's wake-up and one with the job's end; none after a claim that came back
     short (it used to claim a third time, finding nothing, every job)."""
     workers.start("lone", 2)
-    claim = Scripts(raw_redis, Keys(client.settings.prefix), client.settings)._scripts["claim"].sha
+    _, claim = library(client.settings.prefix).head("claim", True)
     jobs = 10
     kept = raw_redis.config_get("slowlog-*")  # the session's Redis: as it was, after
     raw_redis.config_set("slowlog-log-slower-than", 0)  # every command is logged
@@ -212,5 +228,5 @@ def test_an_idle_worker_claims_at_most_twice_per_job_it_is_woken_for(
     finally:
         for name, value in kept.items():
             raw_redis.config_set(name, value)
-    claims = [call for call in calls if call["command"].startswith(f"EVALSHA {claim}".encode())]
+    claims = [call for call in calls if call["command"].startswith(f"FCALL {claim}".encode())]
     assert jobs <= len(claims) <= 2 * jobs + 2  # a quiet poll's claim or two besides

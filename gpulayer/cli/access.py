@@ -86,12 +86,13 @@ def init(
             f"{home / installations.FILE} and {accesses.folder(home)} to start over"
         )
     ca = ca_file.read_text() if ca_file else None
+    endpoint = installations.endpoint_of(redis_url)  # a database no role could reach: refused, nothing made
     if tls_dir is not None:  # never with --ca-file (above)
         ca = _redis_tls(home, redis_url, tls_dir)
     if apply:
         made = installations.create_on(redis_url, settings.prefix, ca)
     else:
-        made = installations.Installation.generate(settings.prefix, installations.endpoint_of(redis_url), ca)
+        made = installations.Installation.generate(settings.prefix, endpoint, ca)
     installations.save(home, made)
     made.save_accesses(home)
     if aclfile is not None:
@@ -122,19 +123,35 @@ def _redis_tls(home: Path, redis_url: str, folder: Path) -> str:
 
 
 @access_group.command()
+def sync() -> None:
+    """Bring the installation's Redis up to this version of GPUlayer, as its admin: the roles' Redis
+    users with this version's rules (their passwords kept) and the installation's scripts, which on
+    Redis 7 only the admin may load. `gpulayer up` does this itself; run it after an upgrade, where
+    a Redis of your own (or the Compose stack's) runs without `up`."""
+    installations.sync(_installation(Settings.from_env()))
+    click.echo("the roles' Redis users and the installation's scripts are this version's")
+
+
+@access_group.command()
 @click.argument("role", type=click.Choice(get_args(AccessRole)))
 @click.option("--host", help="The address other machines reach Redis at (default: as `up` prints it).")
 def export(role: AccessRole, host: str | None) -> None:
     """Print ROLE's access token, for another machine (`gpulayer join` for a worker, `gpulayer
     connect` for the rest). Anyone holding it acts as that role: send it as you would a password."""
     settings = Settings.from_env()
+    installation = _installation(settings)
+    state = local.load(settings.home)
+    click.echo(installation.access(role, host or (join_host(state) if state else None)).token())
+
+
+def _installation(settings: Settings) -> installations.Installation:
+    """The installation this machine is the admin of."""
     installation = installations.load(settings.home)
     if installation is None:
         raise click.ClickException(
             "this machine holds no installation: run this where `gpulayer up` (or `access init`) ran"
         )
-    state = local.load(settings.home)
-    click.echo(installation.access(role, host or (join_host(state) if state else None)).token())
+    return installation
 
 
 @click.command()

@@ -108,6 +108,7 @@ def up(
         state = local.LocalState(embedded=False)
     else:
         installation, state = _start_embedded(home, previous, settings.prefix, port, bind, insecure)
+    installations.sync(installation)  # this version's roles and scripts, in a Redis kept from before too
     installation.save_accesses(home)
     if previous:
         _carry_over(previous, state)
@@ -189,6 +190,13 @@ def _start_embedded(
     port = port or (reuse.port if reuse else None) or free_port()
     bind = bind or (reuse.bind if reuse else "127.0.0.1")
     binary = redis_server_binary()
+    version = redis_version(binary)
+    if bind not in LOOPBACK and version[0] < 7:
+        raise ServerError(
+            f"{binary} is Redis {'.'.join(map(str, version))}, whose roles can run any Lua (it has no "
+            "functions to confine them to): it serves this machine only; install Redis 7 (Debian's "
+            f"redis-server) for --bind {bind}"
+        )
     secure = bind not in LOOPBACK and not insecure
     if secure and not supports_tls(binary):
         raise ServerError(
@@ -203,7 +211,7 @@ def _start_embedded(
         update={"endpoint": endpoint, "ca": ca}
     )
     installations.save(home, installation)
-    users = installation.acl_file(redis_version(binary)[0])
+    users = installation.acl_file(version[0])
     data = local.private_folder(home / "redis")
     process = start_redis(
         data, port, bind=bind, acl=users, tls=files, durable=True, detach=True, binary=binary

@@ -1,10 +1,14 @@
 """Redis's own users, one per role, each with no more than the role needs.
 
-``admin`` may do anything. The others may reach only this installation's keys and RQ's, and none may
-run a command that changes the server itself or reads what is not theirs (``@dangerous``: CONFIG, ACL,
-DEBUG, MODULE, KEYS, FLUSHALL/FLUSHDB, SHUTDOWN, CLIENT KILL, MONITOR, SAVE/BGSAVE, REPLICAOF, ...),
-nor flush or kill scripts. ``viewer`` runs read commands only. Only ``web`` (the HTTP server) and
-``admin`` reach the keys of API tokens and browser sessions (:attr:`Keys.auth`), so no job, worker or
+``admin`` may do anything. The others may reach only this installation's keys and channels
+(``<prefix>:*``, RQ's included: :mod:`.rq_names`), in the one database their URL names, and none may
+run a command that changes the server itself or reads what is not theirs (``@dangerous``: CONFIG,
+ACL, DEBUG, MODULE, KEYS, FLUSHALL/FLUSHDB, SHUTDOWN, CLIENT KILL, MONITOR, SAVE/BGSAVE, REPLICAOF,
+...), nor reach past their key patterns (see :data:`_NEVER`). On Redis 7 they run no Lua but the
+installation's function library, which the admin loads (FCALL; no EVAL, no SCRIPT, no FUNCTION). On
+6.2, which has no functions, the writers load and call scripts by SHA (docs/security.md says what
+that leaves open). ``viewer`` runs read commands only. Only ``web`` (the HTTP server) and ``admin``
+reach the keys of API tokens and browser sessions (:attr:`Keys.auth`), so no job, worker or
 submitter can mint a token.
 
 Written for Redis 6.2 and 7 alike: only command categories, allowed subcommands and key and channel
@@ -24,21 +28,15 @@ from .keys import Keys
 #: Every role, in the order the rules are written.
 ROLES: tuple[AccessRole, ...] = ("admin", "web", "submitter", "worker", "viewer")
 #: What every non-admin role may run besides its categories: INFO (RQ reads the server's version),
-#: TIME (the scripts' clock), and scripts may be loaded (called by SHA) but neither flushed nor killed.
+#: TIME (the scripts' clock).
 _ALWAYS = ("+@connection", "+info", "+time")
-_WRITER = (
-    "+@read",
-    "+@write",
-    "+@pubsub",
-    "+@transaction",
-    "+@scripting",
-    *_ALWAYS,
-    "-@dangerous",
-    "+info",
-    "-script",
-    "+script|load",
-    "+script|exists",
-)
+#: What no role may run though its categories hold it. Key patterns hold in every database, so
+#: another database is another installation's keys of the same names: no SELECT, MOVE, nor COPY
+#: (its DB option). SCAN, RANDOMKEY, PUBSUB (CHANNELS) and CLIENT TRACKING (its invalidations)
+#: name every installation's keys and channels: of CLIENT, only INFO (the worker's address); SORT's
+#: BY and GET read keys no pattern checks on 6.2.
+_NEVER = ("-select", "-move", "-copy", "-scan", "-randomkey", "-pubsub", "-sort", "-client", "+client|info")
+_WRITER = ("+@read", "+@write", "+@pubsub", "+@transaction", *_ALWAYS, "-@dangerous", "+info", *_NEVER)
 _READER = (
     "+@read",
     "+subscribe",
@@ -48,10 +46,14 @@ _READER = (
     *_ALWAYS,
     "-@dangerous",
     "+info",
+    *_NEVER,
 )
-#: Commands of Redis 7 that 6.2 lacks (naming them there is an error): functions are code a
-#: non-admin must not load.
-_REDIS7_ONLY = ("-function", "-fcall", "-fcall_ro")
+#: Redis 7: the installation's functions, called; no other Lua (no EVAL, EVALSHA, SCRIPT, and no
+#: FUNCTION, whose LOAD, DELETE, FLUSH and RESTORE @write holds). Named apart, as SORT_RO (denied as
+#: SORT is): 6.2 lacks these commands, and naming one there is an error.
+_FUNCTIONS = ("-function", "+fcall", "+fcall_ro")
+#: Redis 6.2: scripts loaded and called by SHA, neither flushed nor killed.
+_SCRIPTS = ("+@scripting", "-script", "+script|load", "+script|exists")
 
 
 def user_name(keys: Keys, role: AccessRole) -> str:
@@ -68,14 +70,16 @@ def rules(keys: Keys, role: AccessRole, redis_major: int = 7) -> list[str]:
     """The ACL rules of ``role``'s user, after its password (see :func:`user_rules`)."""
     if role == "admin":
         return ["allkeys", "allchannels", "+@all"]
-    patterns = [f"~{keys.prefix}:*", "~rq:*"]
-    channels = [f"&{keys.prefix}:*", "&rq:*"]
+    patterns = [f"~{keys.prefix}:*"]
+    channels = [f"&{keys.prefix}:*"]
     if role == "web":
         patterns.append(f"~{keys.auth}*")
         channels.append(f"&{keys.auth}*")
     commands = list(_READER if role == "viewer" else _WRITER)
-    if redis_major >= 7 and role != "viewer":
-        commands.extend(_REDIS7_ONLY)
+    if redis_major >= 7:
+        commands.append("-sort_ro")
+    if role != "viewer":
+        commands.extend(_FUNCTIONS if redis_major >= 7 else _SCRIPTS)
     return ["resetkeys", "resetchannels", *patterns, *channels, "-@all", *commands]
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, cast
 from redis import Redis
 from redis.client import Pipeline
 
-from ..models import JobState, OutputSummary, QueueSpec
+from ..models import JobSpec, JobState, OutputSummary, QueueSpec
 from .garbled import readable
 from .keys import Keys
 from .rq_jobs import timestamp
@@ -53,6 +53,24 @@ class Claim:
     def target(self) -> str:
         """The job users know: the gang job for a part, else this one."""
         return self.part.job_id if self.part else self.job_id
+
+    def misplaced(self, spec: JobSpec, queue: str) -> str | None:
+        """Why the job may not run as claimed, by what its submitter signed (``spec``), or None. A
+        seal binds a job's spec, not where it waits: anyone who writes the queues (a worker's
+        credentials) could push its id into another queue, for a worker of other means to take (a
+        cancelled 1-GPU job into the CPU queue). So a job runs only from ``queue``, the one its
+        signed requirements and priority name, or, a gang job, only as a part placed on the
+        worker; either way with the GPUs they ask for."""
+        if self.part is None and spec.distributed is not None:
+            return "it is a gang job, taken from a queue: a gang job runs only as parts placed on workers"
+        if self.part is not None and spec.distributed is None:
+            return "it was handed to this worker as a gang job's part, but it is no gang job"
+        if self.part is None and self.queue != queue:
+            return f"it was taken from queue {self.queue}, not {queue}, the one its signed requirements name"
+        if len(self.gpus) != spec.requirements.gpus:
+            asked = spec.requirements.gpus
+            return f"it was given {len(self.gpus)} GPU(s), not the {asked} its signed requirements ask for"
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

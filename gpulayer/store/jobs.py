@@ -251,8 +251,8 @@ class JobStore:
         return done
 
     def get(self, job_id: str) -> JobRecord | None:
-        """The job, if it exists and is this installation's (job hashes are shared by every prefix)."""
-        return self._ours(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))
+        """The job, if it exists."""
+        return self._found(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))
 
     def peek_end(
         self, job_id: str, ahead: Sequence[str] = (), block_ms: int | None = None
@@ -268,18 +268,12 @@ class JobStore:
         pipe.hgetall(self._keys.job(job_id))
         streams = self._sweep(pipe, ahead)
         done, raw, *swept = pipe.execute()
-        return bool(done), self._ours(job_id, raw), _swept(streams, swept)
+        return bool(done), self._found(job_id, raw), _swept(streams, swept)
 
-    def _ours(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
-        """The record of a job hash read by id, if it is this installation's: its queue says so, or,
-        where its queue is another's or unreadable, this installation's index of jobs does (one
-        more round trip, on that path only): a job whose queue was garbled is still found."""
-        if not raw:
-            return None
-        origin = raw.get(b"origin", b"").decode(errors="replace")
-        if not self._keys.owns_queue(origin) and self._redis.zscore(self._keys.jobs, job_id) is None:
-            return None
-        return self._record(job_id, raw)
+    def _found(self, job_id: str, raw: dict[bytes, bytes]) -> JobRecord | None:
+        """The record of a job hash read by id, or None where there is none. Every job hash under
+        the prefix is this installation's, whatever its fields say (a garbled queue included)."""
+        return self._record(job_id, raw) if raw else None
 
     def get_many(self, job_ids: list[str]) -> list[JobRecord | None]:
         """Each job's record, or None for one that does not exist (any more): one round trip."""

@@ -1,23 +1,16 @@
 """Every Redis key and channel GPUlayer reads or writes, in one place (see docs/architecture/redis-keys.md).
 
-Ours live under the installation's prefix. RQ's live in RQ's namespace, named through RQ's own
-constants, because jobs and workers are RQ's: ``rq info`` and rq-dashboard see them. The Lua
-scripts get the same templates (:meth:`Keys.lua_templates`), so a key is spelled in one place.
+Every key lives under the installation's prefix: ours, and RQ's, because jobs and workers are RQ's
+(``rq info`` and rq-dashboard see them), under ``<prefix>:rq:`` (:class:`~.rq_names.RQNames`). The
+Lua scripts get the same templates (:meth:`Keys.lua_templates`), so a key is spelled in one place.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from rq.command import PUBSUB_CHANNEL_TEMPLATE
-from rq.job import Job
-from rq.queue import Queue
-from rq.registry import CanceledJobRegistry, FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
-from rq.results import Result
-from rq.suspension import WORKERS_SUSPENDED
-from rq.worker import BaseWorker
-
 from ..models import QueueSpec
+from .rq_names import RQNames
 
 #: The requirement set of a job that asks for nothing in particular.
 DEFAULT_CAPABILITY = "default"
@@ -28,6 +21,8 @@ class Keys:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
+        #: RQ's names, in this installation's namespace.
+        self.rq = rq = RQNames.of(prefix)
         #: Sorted set of every job id, scored by creation time (µs).
         self.jobs = f"{prefix}:jobs"
         #: Hash of every queue's requirements and priority (JSON), by queue name: what workers read to
@@ -75,18 +70,18 @@ class Keys:
         #: Hash of how many jobs ended in each final state, ever (a counter for Prometheus's rate()).
         self.ended_counts = f"{prefix}:metrics:ended"
         #: RQ's set of queue keys, read by ``rq info``.
-        self.rq_queues = Queue.redis_queues_keys
+        self.rq_queues = rq.queues
         #: RQ's set of live worker keys, read by ``rq info``.
-        self.rq_workers = BaseWorker.redis_workers_keys
+        self.rq_workers = rq.workers
         #: Set by ``rq suspend``; while it exists no job is claimed.
-        self.rq_suspended = WORKERS_SUSPENDED
+        self.rq_suspended = rq.suspended
         self._templates = {
             # The job's hash: RQ's fields, and ours prefixed ``gl_``.
-            "job": Job.redis_job_namespace_prefix + "{}",
+            "job": rq.job,
             # RQ's stream of a job's results, by job id: what RQ's tools read to say why it failed.
-            "results": str(Result.get_key("{}")),  # type: ignore[no-untyped-call]
+            "results": rq.results,
             # An RQ queue (a list of job ids), by queue name.
-            "queue": Queue.redis_queue_namespace_prefix + "{}",
+            "queue": rq.queue,
             # Sorted set of the ids of jobs in one state, scored by creation time (µs).
             "jobs_in": f"{prefix}:jobs:{{}}",
             # Stream of a job's log lines, capped at the last ``log_max_lines``.
@@ -129,13 +124,15 @@ class Keys:
             # The id of the job submitted with an idempotency key, by the key's SHA-256.
             "idempotency": f"{prefix}:idempotency:{{}}",
             # RQ's worker hash and command channel, by RQ worker name (see rq_worker_name).
-            "rq_worker": BaseWorker.redis_worker_namespace_prefix + "{}",
-            "pubsub": PUBSUB_CHANNEL_TEMPLATE % "{}",
+            "rq_worker": rq.worker,
+            "pubsub": rq.pubsub,
+            # RQ's set of the workers serving a queue, by queue name: what ``rq info`` lists under it.
+            "rq_workers_of": rq.workers_of,
             # RQ's registries, by queue name: running (scored +inf: RQ never reaps ours), and ended.
-            "started": StartedJobRegistry.key_template.format("{}"),
-            "finished": FinishedJobRegistry.key_template.format("{}"),
-            "failed": FailedJobRegistry.key_template.format("{}"),
-            "canceled": CanceledJobRegistry.key_template.format("{}"),
+            "started": rq.started,
+            "finished": rq.finished,
+            "failed": rq.failed,
+            "canceled": rq.canceled,
         }
 
     def _key(self, template: str, value: str) -> str:
@@ -230,10 +227,6 @@ class Keys:
         """The RQ queue name for jobs of one requirement set and priority."""
         return f"{self.prefix}:{capability}" + (f":p{priority}" if priority else "")
 
-    def owns_queue(self, queue_name: str) -> bool:
-        """Whether a queue is this installation's: job hashes are RQ's, shared by every prefix."""
-        return queue_name.startswith(self.queue_name(""))
-
     def queue_for(self, spec: QueueSpec) -> str:
         """The queue of jobs with these requirements and priority."""
         return self.queue_name(spec.requirements.capability, spec.priority)
@@ -241,8 +234,11 @@ class Keys:
     def queue(self, queue_name: str) -> str:
         return self._key("queue", queue_name)
 
+    def rq_workers_of(self, queue_name: str) -> str:
+        return self._key("rq_workers_of", queue_name)
+
     def rq_worker_name(self, worker: str) -> str:
-        """The name RQ knows a worker by: prefixed, so two installations' workers never collide."""
+        """The name RQ knows a worker by, and RQ's tools show: prefixed with the installation's."""
         return f"{self.prefix}:{worker}"
 
     def worker_display_name(self, rq_worker_name: str) -> str:

@@ -1,16 +1,26 @@
-"""The Lua scripts, each its own file in ``lua/``, loaded once per client and called by SHA.
+"""The Lua scripts, each its own file in ``lua/``: on Redis 7, one function library called by FCALL;
+on Redis 6.2, which has no functions, each script called by SHA.
 
 Each script runs after a generated prelude (key templates, state names, limits) and ``_lib.lua``.
-Scripts go by SHA; those Redis lost (a restart, ``SCRIPT FLUSH``) are loaded again on ``NOSCRIPT``
-and only the refused calls sent again (:meth:`Scripts.pipeline`).
+On Redis 7 they are the library's functions, named for the installation and for what they hold
+(:class:`Library`), so two installations on one Redis, or two versions during an upgrade, never
+meet; the roles may call them and run no other Lua (:mod:`.acl`), so only a user allowed FUNCTION
+LOAD (the admin, at ``gpulayer up``) loads the library. A caller's settings the scripts read go
+with each call, after its arguments: the library is the same for every caller of one installation.
+
+Calls Redis refused for a lost library or script (a restart without persistence, a flush, a Redis
+that never had them) go again, alone, once it is loaded (:meth:`Scripts.pipeline`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import hashlib
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
@@ -20,8 +30,10 @@ import hiredis
 from redis import Redis
 from redis.client import Pipeline
 from redis.connection import Connection, ConnectionPool
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
+from ..errors import ConfigError
 from ..models import WORKER_LOST, JobState
 from ..settings import Settings
 from .histograms import RUN_BUCKETS, START_BUCKETS, bounds_ms
@@ -47,6 +59,14 @@ _NAMES = (
     "keep_checkpoint",
     "spoil",
 )
+#: What Redis 7 answers a call of a function it does not have.
+_NO_FUNCTION = "Function not found"
+
+
+class ScriptsMissing(ConfigError, RedisConnectionError):
+    """Redis lacks this version's scripts and this user may not load them. A :class:`ConfigError`,
+    for one line from the CLI; a ``ConnectionError`` too, so a worker waits as for a Redis out of
+    reach (its admin's `gpulayer up` may load them at any moment) instead of stopping."""
 
 
 def _lua(value: Any) -> str:
@@ -58,7 +78,7 @@ def _lua(value: Any) -> str:
     return json.dumps(value)
 
 
-def prelude(keys: Keys, settings: Settings) -> str:
+def prelude(keys: Keys) -> str:
     constants = {
         "K": keys.lua_templates(),
         "JOBS": keys.jobs,
@@ -72,9 +92,8 @@ def prelude(keys: Keys, settings: Settings) -> str:
         "NEW_QUEUE": keys.new_queue,
         "PREFIX": keys.queue_name(""),
         "RQ_QUEUES": keys.rq_queues,
+        "RQ_WORKERS": keys.rq_workers,
         "RQ_STATUS": {state.value: state.rq_status for state in JobState},
-        "LOG_MAX_LINES": settings.log_max_lines,
-        "RETENTION": settings.retention_seconds,
         "EVENTS": keys.events,
         "START_LATENCY": keys.start_latency,
         "START_BUCKETS": bounds_ms(START_BUCKETS),
@@ -87,16 +106,94 @@ def prelude(keys: Keys, settings: Settings) -> str:
     return "".join(f"local {name} = {_lua(value)}\n" for name, value in constants.items())
 
 
+@dataclasses.dataclass(frozen=True)
+class Library:
+    """The scripts of one installation and version: a Redis 7 function library (``code``, a function
+    per script), and each script whole, for Redis 6.2's EVALSHA (``scripts``)."""
+
+    #: ``gl_<prefix>_<digest of what it holds>``: another installation's or version's has another.
+    name: str
+    code: str
+    #: Each script whole (the prelude, ``_lib.lua`` and its own file), by name.
+    scripts: dict[str, str]
+    #: Each script's SHA-1, by name: what EVALSHA calls it by.
+    shas: dict[str, str]
+    #: Each script's name, by what a call sends (its function's name, its SHA-1).
+    names: dict[str, str]
+
+    def head(self, name: str, functions: bool) -> tuple[str, str]:
+        """The command and first argument that call script ``name``: FCALL of its function, or (on a
+        Redis without functions) EVALSHA of it whole."""
+        return ("FCALL", f"{self.name}_{name}") if functions else ("EVALSHA", self.shas[name])
+
+
+@functools.lru_cache(maxsize=8)
+def library(prefix: str) -> Library:
+    """The scripts of installation ``prefix``, as this version has them."""
+    folder = resources.files("gpulayer.store") / "lua"
+    head = prelude(Keys(prefix)) + (folder / "_lib.lua").read_text()
+    bodies = {name: "begin(ARGV)\n" + (folder / f"{name}.lua").read_text() for name in _NAMES}
+    digest = hashlib.sha256("".join([head, *bodies.values()]).encode()).hexdigest()[:16]
+    name = f"gl_{re.sub('[^A-Za-z0-9_]', '_', prefix)}_{digest}"
+    # Each script's body, a function's now: Redis calls it with KEYS and ARGV, as EVAL sets them.
+    functions = "".join(
+        f"redis.register_function('{name}_{script}', function(KEYS, ARGV)\n{body}\nend)\n"
+        for script, body in bodies.items()
+    )
+    shas = {script: hashlib.sha1((head + body).encode()).hexdigest() for script, body in bodies.items()}
+    called = {f"{name}_{script}": script for script in _NAMES} | {sha: script for script, sha in shas.items()}
+    return Library(
+        name=name,
+        code=f"#!lua name={name}\n{head}{functions}",
+        scripts={script: head + body for script, body in bodies.items()},
+        shas=shas,
+        names=called,
+    )
+
+
+def load_library(redis: Redis, keys: Keys) -> bool:
+    """Load the installation's function library through ``redis`` (a user allowed FUNCTION LOAD: the
+    admin). False on a Redis without functions (6.2), where each client loads the scripts it calls."""
+    try:
+        _load(redis, library(keys.prefix))
+    except ResponseError as exc:
+        if _unknown_command(exc):
+            return False
+        raise
+    return True
+
+
+def _load(redis: Redis, scripts: Library) -> None:
+    try:
+        redis.function_load(scripts.code)
+    except ResponseError as exc:
+        if "already exists" not in str(exc):  # a caller of the same version loaded it meanwhile
+            raise
+
+
+def _unknown_command(reply: Any) -> bool:
+    return isinstance(reply, ResponseError) and str(reply).lower().startswith("unknown command")
+
+
+def _lost(command: tuple[Any, ...], reply: Any) -> bool:
+    """Whether Redis refused a script's call for want of the script (so it never ran)."""
+    if command[0] not in ("FCALL", "EVALSHA"):
+        return False
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, ResponseError) and (str(reply).startswith(_NO_FUNCTION) or _unknown_command(reply))
+    )
+
+
 class Scripts:
-    """One ``Script`` per file, bound to a connection; ``run("claim", keys, args)`` calls it by SHA."""
+    """The scripts of one installation, bound to a connection: ``run("claim", keys, args)`` calls one."""
 
     def __init__(self, redis: Redis, keys: Keys, settings: Settings) -> None:
         self._redis = redis
-        folder = resources.files("gpulayer.store") / "lua"
-        head = prelude(keys, settings) + (folder / "_lib.lua").read_text()
-        self._scripts = {
-            name: redis.register_script(head + (folder / f"{name}.lua").read_text()) for name in _NAMES
-        }
+        self._library = library(keys.prefix)
+        # What every call carries after its arguments (begin() in _lib.lua takes them off).
+        self._settings = (settings.log_max_lines, settings.retention_seconds)
+        #: Whether Redis has functions (7 and later), until a reply says it has not (6.2).
+        self._functions = True
         self._held = HeldConnection(redis.connection_pool)
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
@@ -106,9 +203,9 @@ class Scripts:
 
     def calls(self, calls: Iterable[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Call scripts (name, keys, args) in order, in one round trip, and return their replies.
-        Those Redis refused for a lost script go again once the scripts are loaded (see
-        :meth:`pipeline`); any other error is raised once every reply is in. A connection lost on the
-        way is retried as redis-py retries its commands."""
+        Those Redis refused for a lost library go again once it is loaded (see :meth:`pipeline`);
+        any other error is raised once every reply is in. A connection lost on the way is retried
+        as redis-py retries its commands."""
         commands = [self._command(name, keys, args) for name, keys, args in calls]
         return self._settled(commands, self._exchange(commands, [{}] * len(commands)))
 
@@ -130,19 +227,19 @@ class Scripts:
             )
 
     def _command(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
-        return ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *args)
+        return (*self._library.head(name, self._functions), len(keys), *keys, *args, *self._settings)
 
     def queue(self, pipe: Pipeline, name: str, keys: list[str], args: list[Any]) -> None:
         """Queue a call of the script on a pipeline run by :meth:`pipeline`."""
-        pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        pipe.execute_command(*self._command(name, keys, args))  # type: ignore[no-untyped-call]
 
     def pipeline(self, build: Callable[[Pipeline], object]) -> list[Any]:
-        """Send what ``build`` queues in one round trip and return the replies. Scripts go by SHA
-        alone, without the SCRIPT EXISTS round trip redis-py's pipelines make first. If Redis lost
-        some (a restart, SCRIPT FLUSH, a Redis that never ran them), they are loaded and only the
-        calls Redis refused are sent again: the others already ran, and running one twice would
-        undo what its first run did (a job's end and the next claim in one round trip: the claim's
-        job would be taken and then dropped, to wait for its lease)."""
+        """Send what ``build`` queues in one round trip and return the replies, without the
+        SCRIPT EXISTS round trip redis-py's pipelines make first. If Redis lost the library (a
+        restart, a flush, a Redis that never had it), it is loaded and only the calls Redis refused
+        are sent again: the others already ran, and running one twice would undo what its first
+        run did (a job's end and the next claim in one round trip: the claim's job would be taken
+        and then dropped, to wait for its lease)."""
         pipe = self._redis.pipeline(transaction=False)
         build(pipe)
         # Sent on the held connection, not by the pipeline's execute(), which takes a connection
@@ -155,8 +252,8 @@ class Scripts:
     def stream(self, calls: Iterable[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run the calls (script name, keys, args) in order on one connection, each sent before the
         reply to the one before it is read: making the next call (``calls`` is read lazily) overlaps
-        Redis running the last. Calls Redis refused for a lost script go again once the scripts are
-        loaded (see :meth:`pipeline`); any other error is raised once every reply is in."""
+        Redis running the last. Calls Redis refused for a lost library go again once it is loaded
+        (see :meth:`pipeline`); any other error is raised once every reply is in."""
         sent: list[tuple[Any, ...]] = []
         replies: list[Any] = []
         with self._held.connection() as connection:
@@ -164,20 +261,21 @@ class Scripts:
                 sent.append(self._command(name, keys, args))
                 connection.send_command(*sent[-1])  # type: ignore[no-untyped-call]
                 if len(sent) > 1:
-                    replies.append(_reply(self._redis, connection, "EVALSHA", {}))
+                    replies.append(_reply(self._redis, connection, sent[-2][0], {}))
             if sent:
-                replies.append(_reply(self._redis, connection, "EVALSHA", {}))
+                replies.append(_reply(self._redis, connection, sent[-1][0], {}))
         return self._settled(sent, replies)
 
     def _settled(self, commands: list[Any], replies: list[Any]) -> list[Any]:
-        """The replies to ``commands``, once those Redis refused for a lost script went again (loaded
-        first; the others already ran, so only those, in one round trip); the first error raised."""
-        refused = [index for index, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        """The replies to ``commands``, once those Redis refused for want of a script went again
+        (loaded first; the others already ran, so only those, in one round trip); the first error
+        raised."""
+        refused = [index for index, reply in enumerate(replies) if _lost(commands[index], reply)]
         if refused:
-            self._load()
+            self._provide(replies[refused[0]])
             again = self._redis.pipeline(transaction=False)
             for index in refused:
-                again.execute_command(*commands[index])  # type: ignore[no-untyped-call]
+                again.execute_command(*self._recalled(commands[index]))  # type: ignore[no-untyped-call]
             for index, reply in zip(refused, again.execute(raise_on_error=False), strict=True):
                 replies[index] = reply
         for reply in replies:
@@ -185,11 +283,29 @@ class Scripts:
                 raise reply
         return replies
 
-    def _load(self) -> None:
-        with self._redis.pipeline(transaction=False) as pipe:
-            for script in self._scripts.values():
-                pipe.script_load(script.script)
-            pipe.execute()
+    def _recalled(self, command: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A refused call, as it goes again: FCALL turns into EVALSHA on a Redis without functions."""
+        return (*self._library.head(self._library.names[command[1]], self._functions), *command[2:])
+
+    def _provide(self, refusal: ResponseError) -> None:
+        """Load what Redis lacked: on Redis 6.2 (it knows no FCALL), every script; else the library,
+        which only a user allowed FUNCTION LOAD may (the admin; the roles call, never load)."""
+        if _unknown_command(refusal):
+            self._functions = False
+        if not self._functions:
+            with self._redis.pipeline(transaction=False) as pipe:
+                for script in self._library.scripts.values():
+                    pipe.script_load(script)
+                pipe.execute()
+            return
+        try:
+            _load(self._redis, self._library)
+        except NoPermissionError:
+            raise ScriptsMissing(
+                f"this installation's Redis lacks the scripts of this GPUlayer version "
+                f"({self._library.name}) and this Redis user may not load them: the installation's "
+                "admin loads them with `gpulayer up`, or `gpulayer access sync` for a Redis of their own"
+            ) from None
 
 
 class HeldConnection:

@@ -41,8 +41,9 @@ class WorkerStore:
         )
 
     def list(self) -> list[WorkerInfo]:
-        """This installation's live workers (RQ's registry holds every installation's), by name.
-        Two round trips whatever the number of workers."""
+        """This installation's live workers, by name (a member of RQ's set that is no worker key of
+        its own, which anything that writes the set could add, is left out). Two round trips whatever
+        the number of workers."""
         prefix = self._keys.rq_worker("")
         worker_keys = sorted(
             k.decode() for k in cast(set[bytes], self._redis.smembers(self._keys.rq_workers))

@@ -1,8 +1,9 @@
 """The GPUlayer worker: an RQ worker that runs several jobs at once (commands, and calls of remote
 functions in warm executors), each with the GPUs, CPU slots and memory it asked for.
 
-RQ's ``work()`` loop, registration, suspension, maintenance, signal handling and command channel
-are used as they are. What changes:
+RQ's ``work()`` loop, signal handling and command channel are used as they are; its registration,
+suspension and maintenance as they are too, but on this installation's keys (RQ's own functions
+name RQ's global ones: see :mod:`gpulayer.store.rq_names`). What changes:
 
 * the queues: the worker serves exactly the queues whose requirements it could ever meet, and picks
   up a new requirement set as soon as its first job is submitted;
@@ -33,9 +34,11 @@ import psutil
 import redis.exceptions
 from pydantic import ValidationError
 from redis import Redis
-from rq import worker_registration
+from redis.client import Pipeline
 from rq.command import parse_payload
+from rq.exceptions import StopRequested
 from rq.queue import Queue
+from rq.utils import now, utcformat
 from rq.worker import BaseWorker, WorkerStatus
 
 from ..errors import ConfigError, UntrustedPayload
@@ -203,6 +206,15 @@ class Worker(BaseWorker):
         return max(1, int(self.lease_ttl / 2))
 
     # --- registration --------------------------------------------------------------------------
+    @property
+    def key(self) -> str:
+        """RQ's hash of this worker, in this installation's namespace."""
+        return self.keys.rq_worker(self.display_name)
+
+    @property
+    def pubsub_channel_name(self) -> str:
+        return self.keys.pubsub(self.display_name)
+
     def _set_ip_address(self, connection: Redis) -> None:
         """The address Redis sees this worker at, from CLIENT INFO: RQ's own way lists every client
         (CLIENT LIST), which a worker's Redis user may not."""
@@ -247,15 +259,32 @@ class Worker(BaseWorker):
                 self.display_name,
                 moved,
             )
-        self.connection.delete(self.key)
-        super().register_birth()  # type: ignore[no-untyped-call]
+        self.birth_date = self.last_heartbeat = now()
+        with self.connection.pipeline() as pipe:
+            pipe.delete(self.key)
+            pipe.hset(self.key, mapping=self.serialize())  # type: ignore[arg-type]
+            self._registration(pipe, live=True)
+            pipe.expire(self.key, self.worker_ttl + 60)
+            pipe.execute()
         self._stores.telemetry.announce(self.display_name, "joined")
 
     def register_death(self) -> None:
         if self._keeper is not None and self._keeper.taken_over.is_set():
             return  # the registration under this name is the new holder's now: it stays
-        super().register_death()  # type: ignore[no-untyped-call]
+        with self.connection.pipeline() as pipe:
+            self._registration(pipe, live=False)
+            pipe.hset(self.key, "death", utcformat(now()))
+            pipe.expire(self.key, 60)
+            pipe.execute()
         self._stores.telemetry.announce(self.display_name, "left")
+
+    def _registration(self, pipe: Pipeline, *, live: bool) -> None:
+        """RQ's view of the worker, as RQ's registration writes it: among the live workers, and under
+        each queue it serves (what ``rq info`` lists)."""
+        change = pipe.sadd if live else pipe.srem
+        change(self.keys.rq_workers, self.key)
+        for name in self.queue_names():
+            change(self.keys.rq_workers_of(name), self.key)
 
     def subscribe(self) -> None:
         """RQ's command channel (stop-job, shutdown), the channel new queues are announced on, and
@@ -332,7 +361,7 @@ class Worker(BaseWorker):
             self._ordered_queues = self.queues[:]
             # RQ's own view: `rq info` lists the worker under each queue it serves.
             with self.connection.pipeline() as pipe:
-                worker_registration.register(self, pipe)
+                self._registration(pipe, live=True)
                 pipe.hset(self.key, "queues", ",".join(self._served.names))
                 pipe.execute()
             if self._listener is not None:
@@ -343,17 +372,33 @@ class Worker(BaseWorker):
         """RQ's loop calls this after every job; heartbeats come from the LeaseKeeper thread instead."""
 
     def run_maintenance_tasks(self) -> None:
-        super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        """RQ's maintenance, on this installation's keys: prune.lua drops what expired from the job
+        indexes and RQ's registries of ended jobs, and workers that died unannounced from RQ's sets.
+        (RQ's started registry never expires a job of ours: their scores are +inf.)"""
         self.store.prune(self.queue_names())
+        self.last_cleaned_at = now()  # type: ignore[assignment]  # RQ's type: None, before a first clean
         if self._context.functions is not None:
             self._context.functions.executors.close_stale()
 
     def check_for_suspension(self, burst: bool) -> None:
-        # The claim script refuses work while suspended, so RQ's check (a round trip) can be rare.
-        now = time.monotonic()
-        if now >= self._next_suspension_check:
-            self._next_suspension_check = now + POLL_INTERVAL
-            super().check_for_suspension(burst)
+        """RQ's suspension (``rq suspend``): while it lasts the worker waits, shown as suspended, and
+        a burst worker stops. The claim script refuses work while suspended too, so this looks once
+        per poll interval, not at every turn of the loop."""
+        moment = time.monotonic()
+        if moment < self._next_suspension_check:
+            return
+        self._next_suspension_check = moment + POLL_INTERVAL
+        before: str | None = None
+        while not self._stop_requested and self.connection.exists(self.keys.rq_suspended):
+            if burst:
+                raise StopRequested
+            if before is None:
+                log.info("worker %s: suspended; `rq resume` resumes it", self.display_name)
+                before = self.get_state()
+                self.set_state(WorkerStatus.SUSPENDED)
+            time.sleep(POLL_INTERVAL)
+        if before is not None:
+            self.set_state(before)
 
     # --- the loop ---------------------------------------------------------------------------------
     def dequeue_job_and_maintain_ttl(  # type: ignore[override]
@@ -496,10 +541,12 @@ class Worker(BaseWorker):
 
     def _runner(self, job: Claim) -> JobRunner | None:
         """The job's runner, counted among the running; None for a job that is not exactly what a
-        submitter signed, which fails, unread and unrun."""
+        submitter signed, or not claimed as what it signed asks, which fails, unrun."""
         try:
             spec = _read_spec(job.spec_json)
             files = check_job(self._verifier, job.target, job.spec_json or b"", job.seal, self._verified)
+            if misplaced := job.misplaced(spec, self.keys.queue_for(spec.queue)):
+                raise UntrustedPayload(misplaced)
         except (ValueError, UntrustedPayload) as exc:
             refused = isinstance(exc, UntrustedPayload)
             reason = f"refused: {exc}; it was not run" if refused else f"invalid job record: {exc}"

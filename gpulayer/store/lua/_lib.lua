@@ -1,22 +1,32 @@
 -- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, GANGS,
--- GANG_WAKE, GANG_ORIGINS, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_STATUS, LOG_MAX_LINES,
--- RETENTION, EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS, ENDED_COUNTS, FINAL; see
--- gpulayer/store/scripts.py) and then this file before each script. Keys of jobs named only by id
--- are built here with key(); the scripts run on one Redis, not a cluster. Times of leases and
--- back-offs are Redis's own (TIME), never a client's.
+-- GANG_WAKE, GANG_ORIGINS, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_WORKERS, RQ_STATUS,
+-- EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS, ENDED_COUNTS, FINAL, WORKER_LOST; see
+-- gpulayer/store/scripts.py) and then this file before the scripts: on Redis 7 once, before the
+-- library's functions (one per script), on 6.2 before each script. Either way each script starts
+-- with begin(ARGV). Keys of jobs named only by id are built here with key(); the scripts run on one
+-- Redis, not a cluster. Times of leases and back-offs are Redis's own (TIME), never a client's.
 
 local function key(template, value)
   return template[1] .. value .. template[2]
 end
 
--- Read once per script call: a call is atomic, and each TIME is a command of its own.
-local now_read = nil
+-- Each call's own: the clock, read once (a call is atomic, and each TIME is a command of its own),
+-- and the caller's settings, which come last among its arguments: the library is one for every
+-- caller, whatever their log cap and retention.
+local now_read, LOG_MAX_LINES, RETENTION = nil, nil, nil
 local function now_ms()
   if not now_read then
     local t = redis.call('time')
     now_read = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   end
   return now_read
+end
+
+-- Takes the caller's settings off the end of ARGV, so a script reads its own arguments only.
+local function begin(argv)
+  now_read = nil
+  RETENTION = tonumber(table.remove(argv))
+  LOG_MAX_LINES = tonumber(table.remove(argv))
 end
 
 -- Whether the field, value pairs of ``list`` from index ``first`` on set the field ``name``: what a

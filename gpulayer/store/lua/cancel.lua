@@ -6,8 +6,7 @@
 -- Returns 'cancelled', 'requested', 'ended' (it had already ended; nothing changes), or 'missing'.
 local v = redis.call('hmget', KEYS[1], 'gl_state', 'origin', 'worker_name')
 local state = v[1]
--- Job hashes are RQ's, shared by every installation on this Redis: only this one's jobs are found.
-if not state or string.sub(v[2] or '', 1, #PREFIX) ~= PREFIX then
+if not state then
   return 'missing'
 end
 if state == 'queued' then

@@ -3,7 +3,7 @@
 -- is recorded as scheduled there, together, so no crash loses a job and no two jobs hold one GPU.
 -- Before any queue, it takes the parts of gang jobs placed on this worker (gang.lua reserved what they
 -- hold); while the worker is held for a waiting gang job, it takes nothing from its queues.
--- KEYS[1] rq:suspended   KEYS[2] the worker's set of jobs   KEYS[3] the worker's usage hash
+-- KEYS[1] RQ's suspension flag   KEYS[2] the worker's set of jobs   KEYS[3] the worker's usage hash
 -- KEYS[4] the worker's list of placed gang parts   KEYS[5] the worker's hold
 -- ARGV[1] N   ARGV[2] worker (RQ name)   ARGV[3] now (RQ timestamp)   ARGV[4] CPU slots   ARGV[5] memory
 -- ARGV[6] lease (ms): each claimed job's lease, renewed by the worker's heartbeats

@@ -4,7 +4,7 @@
 -- fit: two gang jobs competing for the same workers never each hold half of what they need.
 -- While the oldest waiting gang job cannot be placed and has waited past the bound, it holds the
 -- first N candidates not held by another: they take no new jobs from their queues until it starts.
--- KEYS[1] the job's hash   KEYS[2] rq:suspended
+-- KEYS[1] the job's hash   KEYS[2] RQ's suspension flag
 -- ARGV[1] job id   ARGV[2] now (RQ timestamp)   ARGV[3] lease (ms) of each part until its worker claims it
 -- ARGV[4] 1 if this job may hold workers (it is the oldest gang job some set of workers could hold)
 -- ARGV[5] how long (ms) it must have waited to hold them   ARGV[6] how long (ms) a hold lasts unless renewed
