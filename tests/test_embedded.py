@@ -23,14 +23,21 @@ def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_en
     assert "GPUlayer is up." in up.stdout
     state = json.loads((home / "server.json").read_text())
     installation = json.loads((home / "installation.json").read_text())
-    # The join line carries a worker's access, in the environment (never on a command line).
-    [join] = [line.strip() for line in up.stdout.splitlines() if line.strip().endswith("gpulayer join")]
-    join_token = join.removeprefix(f"{accesses.TOKEN_VARIABLE}=").removesuffix(" gpulayer join")
-    worker = accesses.Access.from_token(join_token)
-    assert worker.role == "worker"
-    assert worker.redis_url.startswith(f"redis://gpulayer-worker:{installation['passwords']['worker']}@")
-    for role in ("admin", "web", "submitter", "viewer"):  # no other role's password is printed
+    # Another machine gets an identity of its own: `up` says how, and prints no password.
+    assert any(line.endswith(" access add worker NAME") for line in up.stdout.splitlines())
+    for role in ("admin", "web", "submitter", "viewer"):
         assert installation["passwords"][role] not in up.stdout
+    # The local worker runs under one, named after it.
+    assert installation["identities"]["laptop"]["identity"]["role"] == "worker"
+    local_worker = accesses.load(home, "worker")
+    assert local_worker is not None
+    assert local_worker.identity == "laptop"
+    added = gpulayer(up_env, "access", "add", "worker", "gpu2")
+    assert added.returncode == 0, added.stderr
+    worker = accesses.Access.from_token(added.stdout.strip())
+    assert (worker.role, worker.identity) == ("worker", "gpu2")
+    assert worker.redis_url.startswith("redis://gpulayer~gpu2:")
+    assert "GPULAYER_ACCESS_TOKEN=<token> gpulayer join" in added.stderr
 
     redis_process = psutil.Process(state["redis_pid"])
     assert redis_process.exe() == os.path.realpath(redis_server_binary())
