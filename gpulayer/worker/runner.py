@@ -407,6 +407,8 @@ def persist(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **k
     while True:
         try:
             return call(*args, **kwargs)
+        except redis.exceptions.AuthenticationError:
+            raise  # its user is gone (revoked): no retry brings it back
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             now = time.monotonic()
             if deadline is None:

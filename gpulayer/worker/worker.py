@@ -414,10 +414,11 @@ class Worker(BaseWorker):
                 self._idle()
             except redis.exceptions.AuthenticationError:
                 log.error(
-                    "worker %s: Redis refused its user: identity %s was revoked or removed; stopping",
+                    "worker %s: Redis refused its user: identity %s was revoked; stopping",
                     self.display_name,
                     self._signer.identity,
                 )
+                self._stop_all("stale")  # its jobs went back to their queues: they run elsewhere now
                 return None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 log.error(
@@ -614,6 +615,8 @@ class Worker(BaseWorker):
     def _run_one(self, runner: JobRunner) -> None:
         try:
             runner.run()
+        except redis.exceptions.AuthenticationError:
+            log.error("job %s: left to its lease: Redis refused this worker's user", runner.job_id)
         except Exception as exc:
             log.exception("job %s: the worker failed running it", runner.job_id)
             try:
