@@ -332,14 +332,18 @@ class WorkerKey:
 class Identities:
     """Identity records checked with the admin's key: a record that does not check (forged, edited,
     signed by another key, filed under another name) counts as absent. Each stored record is checked
-    once (remembered by its exact bytes)."""
+    once, and a worker's result key read once (remembered by the record's exact bytes)."""
 
     def __init__(self, key: VerifyKey) -> None:
         self._key = key
-        self._checked: dict[bytes, Identity | None] = {}
+        self._checked: dict[bytes, tuple[Identity, VerifyKey | None] | None] = {}
 
     def check(self, name: str, stored: bytes | None) -> Identity | None:
         """The identity ``name``'s record, if ``stored`` is one the admin signed for that name."""
+        found = self._found(name, stored)
+        return found[0] if found is not None else None
+
+    def _found(self, name: str, stored: bytes | None) -> tuple[Identity, VerifyKey | None] | None:
         if stored is None:
             return None
         if stored not in self._checked:
@@ -347,15 +351,17 @@ class Identities:
                 self._checked.clear()
             self._checked[stored] = self._open(stored)
         found = self._checked[stored]
-        return found if found is not None and found.name == name else None
+        return found if found is not None and found[0].name == name else None
 
-    def _open(self, stored: bytes) -> Identity | None:
+    def _open(self, stored: bytes) -> tuple[Identity, VerifyKey | None] | None:
         try:
             signed = json.loads(stored)
             record, signature = signed["record"], _decode_signature(signed["sig"])
             self._key.verify(signature, "identity", record)
-            return Identity.model_validate_json(record)
-        except (ValueError, TypeError, KeyError, UntrustedPayload):
+            identity = Identity.model_validate_json(record)
+            text = identity.result_key
+            return identity, VerifyKey.from_text(text, "a result key") if text else None
+        except (ValueError, TypeError, KeyError, UntrustedPayload, ConfigError):
             return None
 
     def worker_key(self, name: str | None, stored: bytes | None, now: datetime | None = None) -> WorkerKey:
@@ -363,18 +369,19 @@ class Identities:
         record checks, names a worker and has not expired; else :class:`UntrustedPayload`."""
         if name is None:
             raise UntrustedPayload("no worker identity claimed the attempt")
-        identity = self.check(name, stored)
-        if identity is None:
+        found = self._found(name, stored)
+        if found is None:
             raise UntrustedPayload(
                 f"worker identity {name!r} is not in the installation's registry (revoked?)"
             )
+        identity, key = found
         if identity.expired(now or datetime.now(timezone.utc)):
             raise UntrustedPayload(
                 f"worker identity {name!r} expired at {identity.expires:%Y-%m-%d %H:%M} UTC"
             )
-        if identity.role != "worker" or identity.result_key is None:
+        if identity.role != "worker" or key is None:
             raise UntrustedPayload(f"identity {name!r} is a {identity.role}'s, not a worker's")
-        return WorkerKey(name, VerifyKey.from_text(identity.result_key, "a result key"))
+        return WorkerKey(name, key)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ import psutil
 from gpulayer import access as accesses
 from gpulayer import home as local
 from gpulayer.server import redis_server_binary
+from gpulayer.signing import SigningKey
 from tests.conftest import gpulayer
 
 
@@ -120,3 +121,41 @@ def test_up_after_its_worker_died_keeps_the_web_server_and_down_stops_it(up_env:
 
     assert gpulayer(up_env, "down").returncode == 0
     assert not any(local.alive(second[key]) for key in ("redis_pid", "worker_pid", "web_pid"))
+
+
+def test_an_installation_from_before_identities_is_brought_up_to_date_by_the_next_up(
+    up_env: dict[str, str],
+) -> None:
+    home = Path(up_env["GPULAYER_HOME"])
+    assert gpulayer(up_env, "up", "--name", "old").returncode == 0
+    assert gpulayer(up_env, "down").returncode == 0
+    # As it was kept before each machine had an identity: a worker user and a result key all shared.
+    kept = json.loads((home / "installation.json").read_text())
+    shared = SigningKey.generate()
+    kept["keys"] = {
+        "job_key": kept["keys"]["job_key"],
+        "job_verify": kept["keys"]["job_verify"],
+        "result_key": shared.text,
+        "result_verify": shared.public.text,
+    }
+    kept["passwords"]["worker"], kept["identities"] = "shared-password", {}
+    (home / "installation.json").write_text(json.dumps(kept))
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    url = worker.redis_url.replace("gpulayer~old:", "gpulayer-worker:", 1).split("@", 1)[1]
+    legacy = {"role": "worker", "redis_url": f"redis://gpulayer-worker:shared-password@{url}", "keys": {}}
+    (home / "access" / "worker.json").write_text(json.dumps(legacy))
+
+    again = gpulayer(up_env, "up", "--name", "old")
+    assert again.returncode == 0, again.stderr
+    upgraded = json.loads((home / "installation.json").read_text())
+    assert {"identity_key", "identity_verify"} <= set(upgraded["keys"])
+    assert not {"result_key", "result_verify"} & set(upgraded["keys"])
+    assert "worker" not in upgraded["passwords"]
+    assert accesses.load(home, "worker").identity == "old"  # type: ignore[union-attr]
+    admin = accesses.load(home, "admin")
+    assert admin is not None
+    assert "identity_key" in admin.keys
+    assert "user gpulayer-worker " not in (home / "redis" / "users.acl").read_text()
+    run = gpulayer(up_env, "submit", "--wait", "--", "echo", "upgraded")
+    assert (run.returncode, run.stdout) == (0, "upgraded\n")
