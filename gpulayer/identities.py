@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from redis import Redis
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
@@ -37,6 +38,11 @@ from .store.connection import connect
 from .store.keys import Keys
 from .store.stores import Stores
 
+#: How an admin command left Redis: its users saved in its ACL file; made, but only until Redis
+#: restarts (it has no ACL file, or may not write it: the next admin command makes them again); or
+#: `up`'s embedded Redis is stopped, and the next `up` makes them.
+Applied = Literal["saved", "unsaved", "stopped"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Listed:
@@ -54,9 +60,8 @@ class Listed:
 
 def add(
     home: Path, role: IdentityRole, name: str, expires_in: float | None = None, host: str | None = None
-) -> tuple[Access, bool]:
-    """Make the identity ``name``: its access (printed once, kept nowhere), and whether it is in Redis
-    already (False: an embedded Redis that is not running makes it at the next `gpulayer up`)."""
+) -> tuple[Access, Applied]:
+    """Make the identity ``name``: its access (printed once, kept nowhere), and how Redis took it."""
     installation = installations.load_admin(home)
     made, access = installation.enrol(role, name, expires_in, host)
     return access, _commit(home, installation, made)
@@ -80,27 +85,27 @@ def local_worker(home: Path, installation: Installation, name: str) -> Installat
     return made
 
 
-def revoke(home: Path, name: str) -> tuple[bool, int]:
-    """Revoke the identity ``name``: whether Redis was reached (else its user goes at the next `up`),
-    and how many jobs it was running went back to their queues."""
+def revoke(home: Path, name: str) -> tuple[Applied, int]:
+    """Revoke the identity ``name``: how Redis took it, and how many jobs it was running went back to
+    their queues."""
     installation = installations.load_admin(home)
     made = installation.without(name)
-    reached = _commit(home, installation, made)
-    if not reached:
-        return False, 0
+    applied = _commit(home, installation, made)
+    if applied == "stopped":
+        return applied, 0
     with _admin(made) as redis:
         stores = Stores.open(redis, Settings(prefix=made.prefix))
         moved = stores.registry.release(name)
         if moved:  # now, not at some worker's next reap
             stores.execution(name).reap()
-    return True, moved
+    return applied, moved
 
 
 def listing(home: Path) -> list[Listed]:
     """Every identity the installation holds, by name (the expired ones' users removed first)."""
     installation = installations.load_admin(home)
     seen: dict[str, datetime] = {}
-    if _commit(home, installation, installation):
+    if _commit(home, installation, installation) != "stopped":
         with _admin(installation) as redis:
             for worker in Stores.open(redis, Settings(prefix=installation.prefix)).workers.list():
                 if worker.identity and worker.last_heartbeat:
@@ -121,11 +126,12 @@ def listing(home: Path) -> list[Listed]:
     ]
 
 
-def sync(installation: Installation, redis: Redis) -> None:
+def sync(installation: Installation, redis: Redis) -> bool:
     """Make Redis agree with ``installation``: each shared role's and valid identity's user made (with
     the rules of this version), every other user of its identities gone (revoked, expired, and the
     worker user all workers shared before they had identities), the registry holding exactly the
-    valid identities' records, and the users saved to Redis's ACL file, if it has one."""
+    valid identities' records, and the users saved to Redis's ACL file: whether they were (see
+    :data:`Applied`)."""
     keys = Keys(installation.prefix)
     wanted = installation.users()
     acl.apply(redis, keys, wanted, disable_default=False)
@@ -139,7 +145,7 @@ def sync(installation: Installation, redis: Redis) -> None:
     acl.remove(redis, stale)
     registry = Stores.open(redis, Settings(prefix=installation.prefix)).registry
     registry.publish({name: kept.signed for name, kept in installation.valid().items()})
-    acl.save(redis)
+    return acl.save(redis)
 
 
 def make_on(redis_url: str, installation: Installation) -> None:
@@ -160,21 +166,21 @@ def make_on(redis_url: str, installation: Installation) -> None:
         redis.close()
 
 
-def _commit(home: Path, old: Installation, new: Installation) -> bool:
-    """Redis brought in step with ``new``, then ``new`` kept; nothing changed if either fails. False
-    when Redis is `up`'s and is not running: ``new`` is kept, and made at the next `gpulayer up`."""
+def _commit(home: Path, old: Installation, new: Installation) -> Applied:
+    """Redis brought in step with ``new``, then ``new`` kept; nothing changed if either fails. With
+    `up`'s Redis stopped, ``new`` is kept, and made at the next `gpulayer up`."""
     if _stopped(home):
         installations.save(home, new)
-        return False
+        return "stopped"
     with _admin(new) as redis:
         try:
-            sync(new, redis)
+            saved = sync(new, redis)
             installations.save(home, new)
         except (RedisError, OSError) as exc:
             with contextlib.suppress(RedisError):
                 sync(old, redis)
             raise ConfigError(f"nothing was changed: {exc}") from None
-    return True
+    return "saved" if saved else "unsaved"
 
 
 def _stopped(home: Path) -> bool:

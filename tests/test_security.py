@@ -236,6 +236,17 @@ def test_access_init_writes_an_acl_file_a_redis_starts_with(tmp_path: Path, env:
         assert found is not None
         assert found.result_key is not None
         client.close()
+        # A worker of the stack, under that identity, runs what a submitter sends.
+        accesses.save(tmp_path / "stack-worker", worker)
+        submitter = accesses.load(tmp_path / "home", "submitter")
+        assert submitter is not None
+        sender = Client(access=submitter)
+        job = sender.submit(["echo", "from the stack"])
+        ran = gpulayer({**env, "GPULAYER_HOME": str(tmp_path / "stack-worker")}, "worker", "start", "--burst")
+        assert ran.returncode == 0, ran.stderr
+        record = job.wait(WAIT)
+        assert (record.state, record.identity) == (JobState.SUCCEEDED, "stack")
+        sender.close()
     finally:
         process.kill()
         process.wait(10)

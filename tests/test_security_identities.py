@@ -347,3 +347,39 @@ def test_no_role_but_the_admin_writes_the_identity_registry(
             with pytest.raises(redis.exceptions.NoPermissionError):
                 connection.execute_command(*command)
         connection.close()
+
+
+def test_a_bad_taken_or_unknown_identity_name_is_one_line_and_changes_nothing(
+    admin_env: dict[str, str], raw_redis: redis.Redis, tmp_path: Path
+) -> None:
+    kept = tmp_path / "admin-home" / "installation.json"
+
+    def state() -> tuple[str, list[bytes], dict[bytes, bytes]]:
+        return kept.read_text(), sorted(raw_redis.acl_users()), raw_redis.hgetall("gpulayer#identities")
+
+    before = state()
+    refusals = {
+        ("add", "worker", "two words"): "Error: not a valid identity: name: String should match pattern",
+        ("add", "worker", "worker"): "Error: an identity named 'worker' exists: revoke it first",
+        ("add", "worker", "soon", "--expires", "0s"): "Error: an identity's lifetime must be positive",
+        ("revoke", "ghost"): "Error: no identity named 'ghost' (`gpulayer access list` shows them)",
+        ("export", "worker"): "Error: a worker's token is its own: `gpulayer access add worker NAME`",
+    }
+    for args, said in refusals.items():
+        done = gpulayer(admin_env, "access", *args)
+        assert done.returncode == 1, args
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(said), done.stderr
+        assert done.stdout == ""
+        assert state() == before
+    # Redis out of reach: nothing made, nothing kept.
+    text = kept.read_text()
+    gone = json.loads(text)
+    gone["endpoint"] = "redis://127.0.0.1:1/0"
+    kept.write_text(json.dumps(gone))
+    done = gpulayer(admin_env, "access", "add", "worker", "offline")
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        "Error: cannot reach the installation's Redis at redis://gpulayer-admin:***@"
+    )
+    assert json.loads(kept.read_text())["identities"].keys() == gone["identities"].keys()

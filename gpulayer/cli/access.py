@@ -171,15 +171,27 @@ def add(role: IdentityRole, name: str, expires: float | None, host: str | None) 
     access token, the only time it is shown: `gpulayer join` (a worker) or `gpulayer connect` takes
     it on that machine. Send it as you would a password."""
     home = Settings.from_env().home
-    access, made = identities.add(home, role, name, expires, _host(home, host))
+    access, applied = identities.add(home, role, name, expires, _host(home, host))
     use = "gpulayer join" if role == "worker" else "gpulayer connect"
     click.echo(
         f"identity {name!r} ({role}): its token, shown this once; on that machine run "
-        f"`{accesses.TOKEN_VARIABLE}=<token> {use}` (or `{use} --token-file FILE`)"
-        + ("" if made else "; its Redis user is made at the next `gpulayer up`"),
+        f"`{accesses.TOKEN_VARIABLE}=<token> {use}` (or `{use} --token-file FILE`)",
         err=True,
     )
+    _say(applied, "its Redis user is made")
     click.echo(access.token())
+
+
+def _say(applied: identities.Applied, what: str) -> None:
+    """A note on stderr when Redis did not take the change for good."""
+    if applied == "stopped":
+        click.echo(f"note: {what} at the next `gpulayer up`", err=True)
+    elif applied == "unsaved":
+        click.echo(
+            "note: Redis could not save its users to an ACL file (it has none, or may not write it): "
+            "a restart of Redis undoes this until the next `gpulayer access` command here",
+            err=True,
+        )
 
 
 @access_group.command(name="list")
@@ -202,9 +214,10 @@ def revoke(name: str) -> None:
     """Revoke the identity NAME at once: its Redis user is deleted (its connections cut), nothing it
     signs is accepted any more, and the jobs its workers were running go back to their queues.
     Other machines are not touched."""
-    reached, moved = identities.revoke(Settings.from_env().home, name)
-    if not reached:
-        click.echo(f"identity {name!r} revoked; its Redis user goes at the next `gpulayer up`")
+    applied, moved = identities.revoke(Settings.from_env().home, name)
+    _say(applied, "its Redis user is deleted")
+    if applied == "stopped":
+        click.echo(f"identity {name!r} revoked")
         return
     back = f"; {moved} running job(s) went back to their queues" if moved else ""
     click.echo(f"identity {name!r} revoked: its Redis user is deleted{back}")

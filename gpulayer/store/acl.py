@@ -157,14 +157,14 @@ def users(redis: Redis) -> list[str]:
     return [name.decode() for name in redis.execute_command("ACL", "USERS")]  # type: ignore[no-untyped-call]
 
 
-def save(redis: Redis) -> None:
-    """Write the users to Redis's ACL file, so a restart keeps them; nothing for a Redis that has none
-    (a user's own, whose users are its admin's to keep)."""
+def save(redis: Redis) -> bool:
+    """Write the users to Redis's ACL file, so a restart keeps them; False if Redis has none (a user's
+    own, whose users are its admin's to keep) or could not write it."""
     try:
         redis.execute_command("ACL", "SAVE")  # type: ignore[no-untyped-call]
-    except ResponseError as exc:
-        if "ACL file" not in str(exc):
-            raise
+    except ResponseError:
+        return False
+    return True
 
 
 def server_major(redis: Redis) -> int:
