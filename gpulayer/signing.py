@@ -346,11 +346,13 @@ class Identities:
     def _found(self, name: str, stored: bytes | None) -> tuple[Identity, VerifyKey | None] | None:
         if stored is None:
             return None
-        if stored not in self._checked:
+        # One read of the entry: another thread (a client's sender, a web server's) may clear them.
+        found = self._checked.get(stored)
+        if found is None and stored not in self._checked:
+            found = self._open(stored)
             if len(self._checked) >= _IDENTITIES:
                 self._checked.clear()
-            self._checked[stored] = self._open(stored)
-        found = self._checked[stored]
+            self._checked[stored] = found
         return found if found is not None and found[0].name == name else None
 
     def _open(self, stored: bytes) -> tuple[Identity, VerifyKey | None] | None:

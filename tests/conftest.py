@@ -82,12 +82,13 @@ def start_hub(
     return Hub(made, process, worker)
 
 
-def publish(installation: Installation) -> None:
+def publish(installation: Installation, url: str | None = None, prefix: str | None = None) -> None:
     """Its identities' records in its registry, as every admin command writes them (beside those a
-    test added: :func:`enrol`)."""
-    connection = redis.Redis.from_url(installation.url("admin"))
+    test added: :func:`enrol`); or in the registry of another Redis (``url``) or prefix, whose
+    workers run under them."""
+    connection = redis.Redis.from_url(url or installation.url("admin"))
     records = {name: kept.signed for name, kept in installation.valid().items()}
-    connection.hset(Keys(installation.prefix).identities, mapping=records)  # type: ignore[arg-type]
+    connection.hset(Keys(prefix or installation.prefix).identities, mapping=records)  # type: ignore[arg-type]
     connection.close()
 
 
