@@ -22,13 +22,16 @@ from types import ModuleType
 
 import redis
 
-from gpulayer import access
+from gpulayer import Settings, access
+from gpulayer.installation import Installation
 from gpulayer.network import free_port
 from gpulayer.server import start_redis, wait_ready
-from gpulayer.signing import Keyring
+from gpulayer.store.stores import Stores
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+#: The identity records of each private installation's registry, by its Redis URL: what a flush puts back.
+_REGISTRIES: dict[str, dict[str, str]] = {}
 
 
 @contextmanager
@@ -48,19 +51,25 @@ def private_redis(folder: Path) -> Iterator[str]:
 @contextmanager
 def private_installation() -> Iterator[tuple[str, Path]]:
     """A private Redis and a GPUlayer home in a temporary folder, holding the keys jobs are signed
-    and checked with (the client and the workers use the URL given, Redis's default user: the
-    roles' users cost nothing per command, and the benchmarks measure the queue)."""
+    and checked with, and a worker identity (``bench``) in its registry (the client and the workers use
+    the URL given, Redis's default user: the roles' users cost nothing per command, and the benchmarks
+    measure the queue)."""
     with tempfile.TemporaryDirectory() as tmp, private_redis(Path(tmp)) as url:
         home = Path(tmp) / "home"
-        keys = Keyring.generate().as_texts()
-        for role in ("admin", "worker"):
-            access.save(home, access.Access(role=role, redis_url=url, keys=keys))
+        made, worker = Installation.generate("gpulayer", url).enrol("worker", "bench")
+        access.save(home, access.Access(role="admin", redis_url=url, keys=made.keys))
+        access.save(home, worker.with_url(url))
+        _REGISTRIES[url] = {name: kept.signed for name, kept in made.identities.items()}
+        flush(url)
         yield url, home
 
 
 def flush(url: str) -> None:
+    """An empty Redis, but for the identity records of the installation on it."""
     connection = redis.Redis.from_url(url)
     connection.flushall()
+    if url in _REGISTRIES:
+        Stores.open(connection, Settings()).registry.publish(_REGISTRIES[url])
     connection.close()
 
 

@@ -33,9 +33,9 @@ from rq import Queue
 
 from gpulayer import Client, Settings
 from gpulayer.access import Access
+from gpulayer.installation import Installation
 from gpulayer.inventory import Offer
 from gpulayer.resources import parse_fake_gpus
-from gpulayer.signing import Keyring
 from gpulayer.store.execution import ClaimRequest
 from gpulayer.worker import Worker
 
@@ -43,8 +43,9 @@ MILESTONES = (1_000, 10_000, 100_000)
 WINDOW = 1_000
 CLAIMS = 200
 GiB = 2**30
-#: The keys jobs are signed and checked with, for this run.
-KEYS = Keyring.generate()
+#: The keys jobs are signed and checked with, and the identity the simulated workers register under.
+INSTALLATION, WORKER = Installation.generate("gpulayer", "redis://127.0.0.1/0").enrol("worker", "sim")
+KEYS = WORKER.keyring
 MACHINES = [
     [("NVIDIA H100 80GB HBM3", 80)] * 8,
     [("NVIDIA A100-SXM4-40GB", 40)] * 4,
@@ -82,6 +83,7 @@ def register_fleet(connection: redis.Redis, settings: Settings, count: int) -> N
             connection,
             settings,
             keyring=KEYS,
+            identity="sim",
             name=name,
             offer=Offer(slots=8, memory=64 * GiB, gpus=gpus, labels=labels),
         ).register_birth()
@@ -94,7 +96,7 @@ def claimer(connection: redis.Redis, settings: Settings) -> Worker:
         json.dumps([{"name": n, "memory_gb": m} for n, m in kinds for _ in range(2)]), "claimer"
     )
     offer = Offer(slots=8, memory=64 * GiB, gpus=gpus, frameworks={"rq": "2.12.0"})
-    worker = Worker(connection, settings, keyring=KEYS, name="claimer", offer=offer)
+    worker = Worker(connection, settings, keyring=KEYS, identity="sim", name="claimer", offer=offer)
     worker.register_birth()
     return worker
 
@@ -117,7 +119,7 @@ def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, di
     connection = redis.Redis.from_url(url)
     register_fleet(connection, settings, workers)
     worker = claimer(connection, settings)
-    client = Client(settings=settings, access=Access(role="admin", redis_url=url, keys=KEYS.as_texts()))
+    client = Client(settings=settings, access=Access(role="admin", redis_url=url, keys=INSTALLATION.keys))
     sets = requirement_sets()
     results: dict[str, dict[str, float]] = {}
     queued = 0

@@ -27,7 +27,15 @@ from rq import Queue
 
 from gpulayer import Client, Settings
 from gpulayer.models import build_spec
-from gpulayer.signing import SigningKey, check_job, open_result, seal_job, sign_result
+from gpulayer.signing import (
+    ResultSigner,
+    SigningKey,
+    WorkerKey,
+    check_job,
+    open_result,
+    seal_job,
+    sign_result,
+)
 
 #: The worker-side CPU one short command job costs (ms), from docs/performance.md's profile.
 WORKER_CPU_MS = 5.0
@@ -46,7 +54,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     jobs = parser.parse_args().jobs
     job_key, result_key = SigningKey.generate(), SigningKey.generate()
-    job_verify, result_verify = job_key.public, result_key.public
+    job_verify = job_key.public
+    result_signer, result_verify = ResultSigner("bench", result_key), WorkerKey("bench", result_key.public)
     spec = build_spec(command=["python3", "train.py", "--lr", "0.1"], env={"SEED": "1"}, source=True)
     spec_json = spec.model_dump_json(exclude_defaults=True)
     files = {"source.tar.gz": "ab" * 32}
@@ -59,7 +68,7 @@ def main() -> None:
     )
     result_us = per_job_us(
         lambda i: open_result(
-            result_verify, "j", i, "result.pkl", sign_result(result_key, "j", i, "result.pkl", payload)
+            result_verify, "j", i, "result.pkl", sign_result(result_signer, "j", i, "result.pkl", payload)
         ),
         jobs,
     )

@@ -1,5 +1,6 @@
 """What a machine holds to take part in an installation: its Redis user (in the URL), the CA that
-Redis's certificate must be signed by, and the keys of its role (:mod:`gpulayer.signing`).
+Redis's certificate must be signed by, the keys of its role (:mod:`gpulayer.signing`), and, for a
+machine with an identity of its own (every worker), that identity's name.
 
 Kept in ``$GPULAYER_HOME/access/<role>.json`` (the folder 700, each file 600), and handed from one
 machine to another as an *access token*: the same thing on one line (``gla1_...``), which `gpulayer
@@ -29,13 +30,14 @@ TOKEN_PREFIX = "gla1_"
 TOKEN_VARIABLE = "GPULAYER_ACCESS_TOKEN"
 #: The roles a client (the CLI, the SDK) acts as, the strongest it holds first.
 CLIENT_ROLES: tuple[AccessRole, ...] = ("admin", "submitter", "viewer")
-#: The halves of the keys each role holds.
+#: The installation's keys each role holds (a worker also holds its own result key): every role
+#: checks identity records, since every one may read what workers signed.
 KEYS_OF: dict[AccessRole, tuple[str, ...]] = {
-    "admin": ("job_key", "job_verify", "result_key", "result_verify"),
-    "web": ("job_key", "job_verify", "result_verify"),
-    "submitter": ("job_key", "job_verify", "result_verify"),
-    "worker": ("job_verify", "result_key", "result_verify"),
-    "viewer": (),
+    "admin": ("job_key", "job_verify", "identity_key", "identity_verify"),
+    "web": ("job_key", "job_verify", "identity_verify"),
+    "submitter": ("job_key", "job_verify", "identity_verify"),
+    "worker": ("job_verify", "identity_verify"),
+    "viewer": ("identity_verify",),
 }
 
 
@@ -52,6 +54,8 @@ class Access(BaseModel):
     ca: str | None = None
     #: The role's keys, as :meth:`Keyring.as_texts` writes them.
     keys: dict[str, str] = {}
+    #: The machine's identity (`gpulayer access add`), for one made for it; None for a shared role's.
+    identity: str | None = None
 
     @property
     def keyring(self) -> Keyring:

@@ -7,11 +7,12 @@ made the archive, is :mod:`gpulayer.unpacking`'s.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import gzip  # noqa: F401  # imported now, not when tarfile first needs it: a worker may then be reading as a job's user, who cannot read the Python library
 import os
 import tarfile
-from collections.abc import Iterable
-from pathlib import Path
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path, PurePosixPath
 from typing import IO
 
 import pathspec
@@ -190,6 +191,36 @@ def outputs_manifest(workdir: Path, patterns: Iterable[str]) -> tuple[Manifest, 
             arcname = path.relative_to(workdir).as_posix()
             manifest.add_tree(path, arcname, workdir)
     return manifest, missing
+
+
+def declared(patterns: Iterable[str]) -> Callable[[str], bool]:
+    """Whether an entry of an outputs archive is one of the job's declared outputs: a path the
+    patterns match as the worker's glob matched them, or a path inside one. Never a path that could
+    land outside the folder it is unpacked in."""
+    split = [_components(pattern) for pattern in patterns]
+
+    def keep(name: str) -> bool:
+        path = PurePosixPath(name)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            return False
+        parts = path.parts
+        return any(_matches(parts[:end], pattern) for pattern in split for end in range(1, len(parts) + 1))
+
+    return keep
+
+
+def _components(pattern: str) -> tuple[str, ...]:
+    return tuple(part for part in pattern.split("/") if part not in ("", "."))
+
+
+def _matches(parts: Sequence[str], pattern: Sequence[str]) -> bool:
+    """Whether the path ``parts`` matches the glob ``pattern`` component by component, ``**`` matching
+    any number of them, as :meth:`Path.glob` does."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_matches(parts[skip:], pattern[1:]) for skip in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
 
 
 def pack_outputs(workdir: Path, patterns: Iterable[str], dest: IO[bytes], max_bytes: int) -> OutputSummary:

@@ -22,7 +22,6 @@ from .archive import SPOOL_BYTES, source_manifest
 from .bundles import Bundle, BundleCache, archive_digest, project_root
 from .errors import (
     ArtifactTooLarge,
-    ConfigError,
     InvalidJobSpec,
     JobCancelled,
     JobFailed,
@@ -47,9 +46,10 @@ from .models import (
 from .payloads import CALL, ERROR, RESULT, dumps, load_result, pickle_function
 from .requirements import Requirements
 from .settings import Settings
-from .signing import Keyring, VerifyKey
+from .signing import Keyring
 from .store.artifacts import RedisArtifactStore, small_files
 from .store.jobs import JobStore, submitted, under_new_ids
+from .store.registry import IdentityRegistry
 from .units import format_size
 from .unpickling import OwnCode, Policy, Refused, loads_data
 
@@ -63,8 +63,9 @@ _RECHECK = 5.0
 _TOUCH = 3600.0
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
-#: What a call's job stored when it ended: its record, and its result or error payload by name.
-Ending = tuple[JobRecord, dict[str, bytes]]
+#: What a call's job stored when it ended: its record, its result or error payload by name, and the
+#: registry's record of the worker identity that claimed its attempt (what the payload is checked with).
+Ending = tuple[JobRecord, dict[str, bytes], bytes | None]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,12 +97,14 @@ class Calls:
         settings: Settings,
         jobs: JobStore,
         artifacts: RedisArtifactStore,
+        registry: IdentityRegistry,
         keyring: Keyring,
         allow_pickle: bool = False,
     ) -> None:
         self._settings = settings
         self._jobs = jobs
         self._artifacts = artifacts
+        self._registry = registry
         self._keyring = keyring
         self._bundles = BundleCache(settings.max_source_bytes, settings.home)
         #: When each bundle was last shipped (or found in Redis), and the name it is stored under.
@@ -112,16 +115,6 @@ class Calls:
         #: How results are unpickled, by whether pickle is allowed; each keeps what it resolved.
         self._policies = {False: Policy(own), True: Policy(own, allow_pickle=True)}
         self._allow_pickle = allow_pickle
-
-    @property
-    def _results(self) -> VerifyKey:
-        """The key results are checked with before a byte of them is unpickled."""
-        if self._keyring.result_verify is None:
-            raise ConfigError(
-                "this machine holds no key to check function results with: connect with a "
-                "submitter's access (`gpulayer access export submitter` on the admin's machine)"
-            )
-        return self._keyring.result_verify
 
     def submit(self, function: Callable[..., Any], calls: Iterable[Call], options: CallOptions) -> list[str]:
         """Submit one job per call, :data:`BATCH` of them per round trip; returns their ids."""
@@ -262,40 +255,54 @@ class Calls:
             for job_id in job_ids:
                 self._jobs.queue_get(pipe, job_id)
                 self._artifacts.queue_outputs(pipe, job_id)
+            self._registry.queue_records(pipe)
 
-        replies = self._jobs.pipeline(build)
+        *replies, signers = self._jobs.pipeline(build)
         endings = []
         for index, job_id in enumerate(job_ids):
             record = self._jobs.record_of(job_id, replies[2 * index])
             if record is None:
                 raise JobNotFound(f"no job {job_id!r} (never submitted, or past its retention)")
-            endings.append((record, _payloads(replies[2 * index + 1])))
+            signer = signers.get(record.identity.encode()) if record.identity else None
+            endings.append((record, _payloads(replies[2 * index + 1]), signer))
         return endings
 
     def ending(self, record: JobRecord) -> Ending:
-        """The result payloads of the ended job whose record a wait read: one round trip, the
-        record not read again."""
-        [outputs] = self._jobs.pipeline(lambda pipe: self._artifacts.queue_outputs(pipe, record.id))
-        return record, _payloads(outputs)
+        """The result payloads of the ended job whose record a wait read, and the record of the
+        identity that signed them: one round trip, the job's record not read again."""
+
+        def build(pipe: Pipeline) -> None:
+            self._artifacts.queue_outputs(pipe, record.id)
+            self._registry.queue_record(pipe, record.identity or "")
+
+        outputs, signer = self._jobs.pipeline(build)
+        return record, _payloads(outputs), signer
 
     def value(self, ending: Ending, allow_pickle: bool | None = None) -> Any:
         """What the call returned; or the exception it raised, raised here; or :class:`JobFailed`.
         Unpickled as data only unless ``allow_pickle`` (None: as the client was told)."""
-        record, stored = ending
+        record, stored, _ = ending
         policy = self._policies[self._allow_pickle if allow_pickle is None else allow_pickle]
         if record.state is JobState.SUCCEEDED and RESULT in stored:
-            return load_result(self._results, record.id, record.attempt, RESULT, stored[RESULT], policy)
-        raise self._error(record, stored, policy)
+            return self._load(ending, RESULT, policy)
+        raise self._error(ending, policy)
 
-    def _error(self, record: JobRecord, stored: dict[str, bytes], policy: Policy) -> BaseException:
+    def _load(self, ending: Ending, name: str, policy: Policy) -> Any:
+        """The payload ``name``, checked with the key of the worker that claimed the attempt, then
+        unpickled under ``policy``."""
+        record, stored, signer = ending
+        key = self._registry.worker_key(record.identity, signer)
+        return load_result(key, record.id, record.attempt, name, stored[name], policy)
+
+    def _error(self, ending: Ending, policy: Policy) -> BaseException:
+        record, stored, _ = ending
         job, name = record.id, record.command[0]
         if record.state is JobState.CANCELLED:
             return JobCancelled(f"job {job} ({name}) was cancelled", job)
         if record.state is JobState.TIMED_OUT:
             return JobTimedOut(f"job {job} ({name}) {record.reason}", job)
         if ERROR in stored:
-            report = load_result(self._results, record.id, record.attempt, ERROR, stored[ERROR], policy)
-            return _raised(record, report, policy)
+            return _raised(record, self._load(ending, ERROR, policy), policy)
         if record.reason_code == WORKER_LOST:  # a gang's reason says more: "worker lost: ..."
             lost = sum(attempt.outcome == "lost" for attempt in record.attempts)
             return WorkerLost(

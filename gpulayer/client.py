@@ -118,7 +118,12 @@ class Client:
         self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
         self.keys = self.stores.keys
         self._calls = Calls(
-            self.settings, self.stores.jobs, self.stores.artifacts, self.access.keyring, allow_pickle
+            self.settings,
+            self.stores.jobs,
+            self.stores.artifacts,
+            self.stores.registry,
+            self.access.keyring,
+            allow_pickle,
         )
         self._sender = (
             Sender(self.stores.jobs, SUBMIT_BATCH, 10 * SUBMIT_BATCH) if background_submits else None
@@ -623,17 +628,24 @@ class Job:
         return outcome in ("cancelled", "requested")
 
     def outputs_archive(self, dest: IO[bytes]) -> None:
-        """Write the job's outputs, as the gzip-compressed tar archive it stored, to ``dest``;
-        :class:`OutputNotProduced` if it stored none (or they expired)."""
-        self.client.flush()
+        """Write the job's outputs, as the gzip-compressed tar archive its worker stored, to ``dest``,
+        and check that the worker that ran the attempt which made it signed it: :class:`UntrustedPayload`
+        if not (what ``dest`` got must then be thrown away); :class:`OutputNotProduced` if it stored
+        none (or they expired)."""
+        self._signed_outputs(self.status(), dest, f"job {self.id} has no stored outputs")
+
+    def _signed_outputs(self, record: JobRecord, dest: IO[bytes], missing: str) -> None:
         try:
-            self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
+            sha256, seal = self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
         except MissingArtifact:
-            raise OutputNotProduced(f"job {self.id} has no stored outputs") from None
+            raise OutputNotProduced(missing) from None
+        self.client.stores.registry.check_archive(record, OUTPUTS_ARCHIVE, sha256, seal)
 
     def download_outputs(self, dest: PathLike) -> list[Path]:
         """Unpack the job's outputs into ``dest`` (made if missing), each at its path in the job's
-        folder (``results/a.csv`` lands in ``dest/results/a.csv``); returns the files written. Raises
+        folder (``results/a.csv`` lands in ``dest/results/a.csv``); returns the files written. Only
+        an archive signed by the worker that ran the job is unpacked (else :class:`UntrustedPayload`,
+        nothing written), and of it only what the job declared as outputs, inside ``dest``. Raises
         :class:`ArchiveError`, having written nothing, if ``dest`` or a folder in it cannot take them,
         and :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced."""
         record = self.status()
@@ -650,12 +662,15 @@ class Job:
         # Made by the unpacking, once it found room for every file: an unwritable folder is one
         # line, and nothing is half written.
         with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
-            try:
-                self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
-            except MissingArtifact:
-                raise OutputNotProduced(f"the outputs of job {self.id} have expired") from None
+            self._signed_outputs(record, file, f"the outputs of job {self.id} have expired")
             file.seek(0)
-            written = extract(file, folder, max_bytes=self.client.settings.max_job_bytes, replace=True)
+            written = extract(
+                file,
+                folder,
+                max_bytes=self.client.settings.max_job_bytes,
+                replace=True,
+                keep=archive.declared(record.spec.outputs),
+            )
         if record.outputs.missing:
             raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
         return written

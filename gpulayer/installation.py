@@ -1,37 +1,51 @@
-"""What the machine that set an installation up keeps: each role's Redis password, both key pairs,
-and where its Redis listens. From it come the access of every role (:mod:`gpulayer.access`) and the
-Redis users that match them (:mod:`gpulayer.store.acl`).
+"""What the machine that set an installation up keeps: each shared role's Redis password, the job and
+identity key pairs, every machine identity it made, and where its Redis listens. From it come the
+access of every role and identity (:mod:`gpulayer.access`) and the Redis users that match them
+(:mod:`gpulayer.store.acl`).
 
 Kept in ``$GPULAYER_HOME/installation.json`` (600) by `gpulayer up`, or by `gpulayer access init`
 for a Redis run by the user. It is the installation's master key: it never leaves this machine; other
-machines get one role's access each.
+machines get one role's access each, or an identity of their own. Of an identity it keeps the record
+the registry publishes and its password's hash, never the password nor a worker's private result key:
+those are only in the token printed once.
 """
 
 from __future__ import annotations
 
 import secrets
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
-import redis.exceptions
 from pydantic import BaseModel, ConfigDict, ValidationError
-from redis import Redis
 from redis.connection import parse_url
 
 from . import access as accesses
 from . import home as local
 from .access import KEYS_OF, Access
 from .errors import ConfigError
-from .models import AccessRole
+from .models import AccessRole, Identity, IdentityRole, validation_message
 from .network import redact
-from .signing import Keyring
+from .signing import Keyring, SigningKey, sign_identity
 from .store import acl
-from .store.acl import ROLES, user_name
-from .store.connection import connect
+from .store.acl import ROLES, User, identity_user, password_hash, user_name
 from .store.keys import Keys
-from .store.scripts import load_library
 
 FILE = "installation.json"
+#: The longest an identity may be made to last (s): ten years, as an API token; or it never expires.
+MAX_LIFETIME = 10 * 365 * 86400
+
+
+class Enrolled(BaseModel):
+    """A machine identity as the admin keeps it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    identity: Identity
+    #: Its record as the registry holds it, signed (:func:`gpulayer.signing.sign_identity`).
+    signed: str
+    #: How Redis keeps its password: the ACL file and the rules hold this, never the password.
+    password_hash: str
 
 
 class Installation(BaseModel):
@@ -42,11 +56,14 @@ class Installation(BaseModel):
     prefix: str
     #: ``redis://host:port/db`` (``rediss://`` with TLS) as this machine reaches Redis; no user.
     endpoint: str
+    #: Of each shared role's user (:data:`gpulayer.store.acl.ROLES`).
     passwords: dict[AccessRole, str]
-    #: Both halves of both key pairs (:meth:`Keyring.as_texts`).
+    #: Both halves of the job and identity key pairs (:meth:`Keyring.as_texts`).
     keys: dict[str, str]
     #: The PEM of the CA that signs Redis's certificate, when Redis speaks TLS.
     ca: str | None = None
+    #: Every machine identity made and not revoked (expired ones too), by name.
+    identities: dict[str, Enrolled] = {}
 
     @classmethod
     def generate(cls, prefix: str, endpoint: str, ca: str | None = None) -> Installation:
@@ -58,33 +75,114 @@ class Installation(BaseModel):
             ca=ca,
         )
 
+    def upgraded(self) -> Installation | None:
+        """This installation with what machine identities need, if it was made before them (an
+        identity key pair; no worker user shared by every worker, nor its result key); else None."""
+        if "identity_key" in self.keys:
+            return None
+        identity = SigningKey.generate()
+        keys = {name: text for name, text in self.keys.items() if not name.startswith("result_")}
+        keys.update(identity_key=identity.text, identity_verify=identity.public.text)
+        passwords = {role: password for role, password in self.passwords.items() if role in ROLES}
+        return self.model_copy(update={"keys": keys, "passwords": passwords})
+
     def url(self, role: AccessRole, host: str | None = None) -> str:
-        """The Redis URL of ``role``'s user; ``host`` in place of the endpoint's (another machine's view)."""
+        """The Redis URL of a shared role's user; ``host`` in place of the endpoint's (another
+        machine's view)."""
+        return self._url(user_name(Keys(self.prefix), role), self.passwords[role], host)
+
+    def _url(self, user: str, password: str, host: str | None) -> str:
         parts = urlsplit(self.endpoint)
-        netloc = f"{quote(user_name(Keys(self.prefix), role))}:{quote(self.passwords[role], safe='')}@"
+        netloc = f"{quote(user)}:{quote(password, safe='')}@"
         where = host or parts.hostname or "127.0.0.1"
         netloc += (f"[{where}]" if ":" in where else where) + (f":{parts.port}" if parts.port else "")
         return urlunsplit(parts._replace(netloc=netloc))
 
     def access(self, role: AccessRole, host: str | None = None) -> Access:
-        """What a machine needs to act as ``role``: its URL, the CA, and its keys only."""
-        keys = {name: text for name, text in self.keys.items() if name in KEYS_OF[role]}
-        return Access(role=role, redis_url=self.url(role, host), ca=self.ca, keys=keys)
+        """What a machine needs to act as a shared ``role``: its URL, the CA, and its keys only."""
+        if role not in self.passwords:
+            raise ConfigError(
+                f"the {role} role has no shared access: each machine gets its own identity "
+                f"(`gpulayer access add {role} NAME`)"
+            )
+        return Access(role=role, redis_url=self.url(role, host), ca=self.ca, keys=self._keys_of(role))
+
+    def _keys_of(self, role: AccessRole) -> dict[str, str]:
+        return {name: text for name, text in self.keys.items() if name in KEYS_OF[role]}
 
     def save_accesses(self, home: Path) -> None:
-        """Every role's access, kept in ``home`` (this machine acts in each)."""
+        """Every shared role's access, kept in ``home`` (this machine acts in each)."""
         for role in ROLES:
             accesses.save(home, self.access(role))
 
+    def enrol(
+        self, role: IdentityRole, name: str, expires_in: float | None = None, host: str | None = None
+    ) -> tuple[Installation, Access]:
+        """A new identity ``name`` for one machine in ``role``, valid for ``expires_in`` seconds (or
+        for ever): this installation with it, and the machine's access (for a worker, with its own
+        result key, which nothing else keeps). :class:`ConfigError` if the name is taken or not valid."""
+        if name in self.identities:
+            raise ConfigError(f"an identity named {name!r} exists: revoke it first, or pick another name")
+        if expires_in is not None and not 0 < expires_in <= MAX_LIFETIME:
+            raise ConfigError("an identity's lifetime must be positive and at most 10 years")
+        signer = Keyring.from_texts(self.keys).identity_key
+        assert signer is not None, "an upgraded installation holds its identity key"
+        now = datetime.now(timezone.utc)
+        result = SigningKey.generate() if role == "worker" else None
+        try:
+            identity = Identity(
+                name=name,
+                role=role,
+                user=identity_user(Keys(self.prefix), name),
+                result_key=result.public.text if result else None,
+                created=now,
+                expires=now + timedelta(seconds=expires_in) if expires_in is not None else None,
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"not a valid identity: {validation_message(exc)}") from None
+        password = secrets.token_urlsafe(24)
+        enrolled = Enrolled(
+            identity=identity, signed=sign_identity(signer, identity), password_hash=password_hash(password)
+        )
+        keys = self._keys_of(role) | ({"result_key": result.text} if result else {})
+        access = Access(
+            role=role,
+            redis_url=self._url(identity.user, password, host),
+            ca=self.ca,
+            keys=keys,
+            identity=name,
+        )
+        return self.model_copy(update={"identities": {**self.identities, name: enrolled}}), access
+
+    def without(self, name: str) -> Installation:
+        """This installation with the identity ``name`` gone (:class:`ConfigError` if there is none)."""
+        if name not in self.identities:
+            raise ConfigError(f"no identity named {name!r} (`gpulayer access list` shows them)")
+        return self.model_copy(update={"identities": {k: v for k, v in self.identities.items() if k != name}})
+
+    def valid(self, now: datetime | None = None) -> dict[str, Enrolled]:
+        """The identities that have not expired, by name."""
+        at = now or datetime.now(timezone.utc)
+        return {name: kept for name, kept in self.identities.items() if not kept.identity.expired(at)}
+
+    def users(self, now: datetime | None = None) -> list[User]:
+        """The Redis users it has: each shared role's, and each valid identity's."""
+        keys = Keys(self.prefix)
+        shared = [User(user_name(keys, role), role, password_hash(self.passwords[role])) for role in ROLES]
+        return shared + [
+            User(kept.identity.user, kept.identity.role, kept.password_hash)
+            for kept in self.valid(now).values()
+        ]
+
     def acl_file(self, redis_major: int = 7) -> str:
-        """Its roles' Redis users as an ACL file for a Redis that starts with it (password hashes
-        only; the default user off)."""
-        return acl.acl_file(Keys(self.prefix), self.passwords, redis_major)
+        """Its users as an ACL file for a Redis that starts with it (password hashes only; the
+        default user off)."""
+        return acl.acl_file(Keys(self.prefix), self.users(), redis_major)
 
     def acl_commands(self, redis_major: int = 7) -> list[str]:
-        """The redis-cli lines that make its roles' users on a running Redis (password hashes only;
-        the default user left as it is: other programs may use it)."""
-        made = acl.commands(Keys(self.prefix), self.passwords, redis_major, disable_default=False)
+        """The redis-cli lines that make its users on a running Redis (password hashes only; the
+        default user left as it is: other programs may use it)."""
+        made = acl.commands(Keys(self.prefix), self.users(), redis_major, disable_default=False)
         return [acl.printable(command) for command in made]
 
 
@@ -104,43 +202,6 @@ def endpoint_of(redis_url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def create_on(redis_url: str, prefix: str, ca: str | None = None) -> Installation:
-    """A new installation for a Redis the user runs, its roles and scripts made there through
-    ``redis_url`` (a user allowed ACL SETUSER and FUNCTION LOAD). The default user is left as it is:
-    other programs may use it."""
-    installation = Installation.generate(prefix, endpoint_of(redis_url), ca)
-    client = connect(redis_url, ca=ca)
-    try:
-        _make(client, installation)
-    except redis.exceptions.NoPermissionError:
-        raise ConfigError(
-            f"the user in {redact(redis_url)} may not make Redis users (ACL SETUSER): give an admin's URL, "
-            "or apply the rules `gpulayer access init --redis-url URL` prints as one"
-        ) from None
-    except redis.exceptions.ResponseError as exc:
-        raise ConfigError(f"Redis refused the roles: {exc}") from None
-    finally:
-        client.close()
-    return installation
-
-
-def sync(installation: Installation) -> None:
-    """Bring the installation's Redis up to this version, as its admin: the roles' users with this
-    version's rules (their passwords kept; the default user left as it is), and its scripts loaded,
-    which on Redis 7 only a user allowed FUNCTION LOAD can (the roles call them, never load them)."""
-    client = connect(installation.url("admin"), ca=installation.ca)
-    try:
-        _make(client, installation)
-    finally:
-        client.close()
-
-
-def _make(admin: Redis, installation: Installation) -> None:
-    keys = Keys(installation.prefix)
-    acl.apply(admin, keys, installation.passwords, disable_default=False)
-    load_library(admin, keys)
-
-
 def load(home: Path) -> Installation | None:
     path = home / FILE
     try:
@@ -151,6 +212,31 @@ def load(home: Path) -> Installation | None:
         raise ConfigError(
             f"{path} is damaged: the installation's keys and passwords cannot be read"
         ) from None
+
+
+def load_admin(home: Path) -> Installation:
+    """The installation this machine is the admin of (:func:`load_current`); :class:`ConfigError` on a
+    machine that is none's admin."""
+    found = load_current(home)
+    if found is None:
+        raise ConfigError(
+            "this machine holds no installation: run this where `gpulayer up` (or `access init`) ran"
+        )
+    return found
+
+
+def load_current(home: Path) -> Installation | None:
+    """The installation kept in ``home``, brought up to date (:meth:`Installation.upgraded`, and the
+    accesses it keeps written again), if there is one."""
+    kept = load(home)
+    upgraded = kept.upgraded() if kept is not None else None
+    if upgraded is None:
+        return kept
+    save(home, upgraded)
+    upgraded.save_accesses(home)
+    legacy = accesses.folder(home) / "worker.json"
+    legacy.unlink(missing_ok=True)  # the shared worker's: its user is gone
+    return upgraded
 
 
 def save(home: Path, installation: Installation) -> None:

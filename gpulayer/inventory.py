@@ -96,6 +96,8 @@ class WorkerInfo(Offer):
     heartbeat: float = 5.0
     #: The address other machines reach its gang jobs' rank 0 at (``--advertise-addr``).
     address: str | None = None
+    #: The machine identity it runs under (`gpulayer access add worker NAME`).
+    identity: str | None = None
     #: Jobs it has taken and not yet ended.
     running: int = 0
     cpus_used: int = 0

@@ -34,6 +34,8 @@ Launcher = Literal["direct", "torchrun"]
 Role = Literal["admin", "submitter", "viewer", "metrics"]
 #: Whom a machine acts as towards Redis: its user there, and the keys it holds (docs/security.md).
 AccessRole = Literal["admin", "web", "submitter", "worker", "viewer"]
+#: The roles a machine's own identity may have (`gpulayer access add ROLE NAME`).
+IdentityRole = Literal["web", "submitter", "worker", "viewer"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -343,6 +345,8 @@ class Attempt(BaseModel):
 
     attempt: int
     worker: str | None
+    #: The worker identity that claimed it: the only one whose signature its files are accepted under.
+    identity: str | None = None
     outcome: AttemptOutcome
     exit_code: int | None = None
     reason: str | None = None
@@ -368,6 +372,8 @@ class JobRecord(BaseModel):
     state: JobState
     attempt: int
     worker: str | None
+    #: The worker identity that claimed its latest attempt (for a gang job, node 0's).
+    identity: str | None = None
     exit_code: int | None
     reason: str | None
     #: What ``reason`` says, as a code, where there is one: see :data:`ReasonCode`.
@@ -392,6 +398,12 @@ class JobRecord(BaseModel):
     #: GPUlayer): which. Those fields show their defaults; a job whose spec cannot be read shows the
     #: command ``(unreadable)``.
     corrupt: str | None = None
+
+    def claimer(self, attempt: int) -> str | None:
+        """The worker identity that claimed ``attempt`` of this job: the latest, or one that ended."""
+        if attempt == self.attempt:
+            return self.identity
+        return next((ended.identity for ended in self.attempts if ended.attempt == attempt), None)
 
     def as_json(self) -> dict[str, object]:
         """As `gpulayer status --json` and the HTTP API show it: times in UTC, the spec without the
@@ -423,6 +435,26 @@ class TokenInfo(BaseModel):
     created_at: datetime
     #: When it stops working; None: never.
     expires_at: datetime | None = None
+
+
+class Identity(BaseModel):
+    """One machine's identity, as the admin signs it into the installation's registry: its role, its
+    Redis user, for a worker the public key its results and outputs are checked with, and how long
+    it is valid."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    role: IdentityRole
+    user: str
+    #: A worker's result key, the public half (its private half is only in the worker's token).
+    result_key: str | None = None
+    created: datetime
+    #: From then on nobody accepts what it signs; None: never.
+    expires: datetime | None = None
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires is not None and self.expires <= now
 
 
 class BrowserSession(BaseModel):

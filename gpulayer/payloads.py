@@ -3,9 +3,9 @@
 Pickled with cloudpickle, so functions from ``__main__``, closures and lambdas travel by value. A call
 is ``(function, args, kwargs)``, the function pickled on its own (:func:`pickle_function`) once for all
 the calls of a batch, and unpickled once per executor. Nothing here is unpickled unchecked: a call
-only once the job's signature is found to name its digest, a result only once a worker's signature
-over it, its job and its attempt is found good (:mod:`gpulayer.signing`), and then as data only
-unless the caller allows pickle (:mod:`gpulayer.unpickling`).
+only once the job's signature is found to name its digest, a result only once the signature of the
+worker that claimed the attempt, over it, its job and its attempt, is found good (:mod:`gpulayer.signing`),
+and then as data only unless the caller allows pickle (:mod:`gpulayer.unpickling`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import IO, Any
 import cloudpickle
 
 from .errors import UnsafePickle
-from .signing import VerifyKey, open_result
+from .signing import WorkerKey, open_result
 from .unpickling import Policy, Refused, load_tensor, loads_data, lookup, own_class, registered_by_value
 
 #: Archive names in the job's files: the call (inputs), and its result or exception (outputs).
@@ -112,9 +112,10 @@ def dump_result(obj: Any) -> bytes:
     return file.getvalue()
 
 
-def load_result(key: VerifyKey, job_id: str, attempt: int, name: str, blob: bytes, policy: Policy) -> Any:
-    """What a worker stored as ``name`` for the job's ``attempt``, if it is signed so;
-    :class:`UntrustedPayload` if not (and nothing of it is unpickled). Unpickled under ``policy``:
+def load_result(key: WorkerKey, job_id: str, attempt: int, name: str, blob: bytes, policy: Policy) -> Any:
+    """What a worker stored as ``name`` for the job's ``attempt``, if the worker identity ``key`` (the
+    one that claimed the attempt) signed it so; :class:`UntrustedPayload` if not (and nothing of it
+    is unpickled). Unpickled under ``policy``:
     :class:`UnsafePickle` for a global that is not data, before it is called."""
     payload = open_result(key, job_id, attempt, name, blob)  # verified first
     try:

@@ -1,15 +1,19 @@
-"""Signatures: a worker runs only jobs a submitter signed, and a client unpickles only results a
-worker signed, each signature bound to what it is for.
+"""Signatures: a worker runs only jobs a submitter signed, and a client accepts only results and
+archives the worker that ran the job signed, each signature bound to what it is for.
 
-Two Ed25519 key pairs per installation. The *job key* signs every job at submit (its spec, its id and
-the digests of the files it carries); submitters (and the HTTP server) hold its private half, workers
-only its public half, so a worker, or anyone holding a worker's Redis credentials, can check a job but
-never make one. The *result key* signs what a function job returned or raised, bound to the job and the
-attempt; workers hold its private half, clients its public half. No key is ever written to Redis.
+Two Ed25519 key pairs per installation, and one per worker. The *job key* signs every job at submit
+(its spec, its id and the digests of the files it carries); submitters (and the HTTP server) hold its
+private half, workers only its public half, so a worker, or anyone holding a worker's Redis
+credentials, can check a job but never make one. The *identity key*, the admin's alone, signs each
+machine's *identity* (:class:`gpulayer.models.Identity`): its role, its Redis user, and for a worker
+its own *result key*, whose private half only that worker holds. A worker signs what a function job
+returned or raised, and the archives it stores (outputs, checkpoints), bound to the job, the attempt
+and its identity; a client checks them with the public half its identity's record names, once the
+record is found signed by the admin and not expired. No private key is ever written to Redis.
 
-Each signed message starts with a purpose (``job``, ``result``), so a signature made for one thing is
-never valid as another, and spells each of its parts with its length, so no two lists of parts read
-the same.
+Each signed message starts with a purpose (``job``, ``result``, ``archive``, ``identity``), so a
+signature made for one thing is never valid as another, and spells each of its parts with its length,
+so no two lists of parts read the same.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
 
 import nacl.exceptions
 import nacl.signing
 
 from .errors import ConfigError, UntrustedPayload
+from .models import Identity
 
 _DOMAIN = b"gpulayer/1"
 #: Signed results start with this, then the signature, then the pickle.
@@ -34,6 +40,8 @@ _SIGNATURE_BYTES = 64
 _HASH_BYTES = 32
 #: How many checked batch roots a worker remembers.
 _VERIFIED = 4096
+#: How many checked identity records a client remembers (by their exact bytes).
+_IDENTITIES = 1024
 Part = bytes | str | int
 
 
@@ -108,25 +116,28 @@ class SigningKey:
 
 @dataclasses.dataclass(frozen=True)
 class Keyring:
-    """The keys one machine holds in its role: any of the four halves, none of them required."""
+    """The keys one machine holds in its role, none of them required: the halves of the job and
+    identity pairs, and a worker's own result key."""
 
     job_key: SigningKey | None = None
     job_verify: VerifyKey | None = None
+    identity_key: SigningKey | None = None
+    identity_verify: VerifyKey | None = None
     result_key: SigningKey | None = None
-    result_verify: VerifyKey | None = None
 
     @classmethod
     def generate(cls) -> Keyring:
-        """A new installation's keys, both halves of both pairs."""
-        job, result = SigningKey.generate(), SigningKey.generate()
-        return cls(job, job.public, result, result.public)
+        """A new installation's keys: both halves of the job and identity pairs (each worker's
+        result key is made with its identity)."""
+        job, identity = SigningKey.generate(), SigningKey.generate()
+        return cls(job, job.public, identity, identity.public)
 
     def signer(self) -> SigningKey:
         """The key jobs are signed with; :class:`ConfigError` saying how to get it when absent."""
         if self.job_key is None:
             raise ConfigError(
                 "this machine holds no key to sign jobs with: run `gpulayer up`, or get a submitter's "
-                "access from the installation's admin (`gpulayer access export submitter`) and "
+                "access from the installation's admin (`gpulayer access add submitter NAME`) and "
                 "`gpulayer connect` with it"
             )
         return self.job_key
@@ -135,18 +146,16 @@ class Keyring:
         """The key a worker checks jobs with; :class:`ConfigError` when absent."""
         if self.job_verify is None:
             raise ConfigError(
-                "this machine holds no key to check jobs with: join with the line `gpulayer up` prints"
+                "this machine holds no key to check jobs with: join with a worker's token "
+                "(`gpulayer access add worker NAME` on the admin's machine)"
             )
         return self.job_verify
 
     def as_texts(self) -> dict[str, str]:
-        texts = {
-            "job_key": self.job_key.text if self.job_key else None,
-            "job_verify": self.job_verify.text if self.job_verify else None,
-            "result_key": self.result_key.text if self.result_key else None,
-            "result_verify": self.result_verify.text if self.result_verify else None,
+        keys: dict[str, SigningKey | VerifyKey | None] = {
+            field.name: getattr(self, field.name) for field in dataclasses.fields(self)
         }
-        return {name: text for name, text in texts.items() if text}
+        return {name: key.text for name, key in keys.items() if key is not None}
 
     @classmethod
     def from_texts(cls, texts: Mapping[str, str | None]) -> Keyring:
@@ -158,7 +167,13 @@ class Keyring:
             text = texts.get(name)
             return VerifyKey.from_text(text, name) if text else None
 
-        return cls(private("job_key"), public("job_verify"), private("result_key"), public("result_verify"))
+        return cls(
+            private("job_key"),
+            public("job_verify"),
+            private("identity_key"),
+            public("identity_verify"),
+            private("result_key"),
+        )
 
 
 # --- jobs --------------------------------------------------------------------------------------------
@@ -299,24 +314,153 @@ def _decode_signature(text: object) -> bytes:
     return signature
 
 
+# --- identities --------------------------------------------------------------------------------------
+def sign_identity(key: SigningKey, identity: Identity) -> str:
+    """``identity`` as the registry keeps it: its record, and the admin's signature over exactly it."""
+    record = identity.model_dump_json()
+    return json.dumps({"record": record, "sig": _encode_signature(key.sign("identity", record))})
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerKey:
+    """The result key of one worker identity, from its record, checked."""
+
+    identity: str
+    key: VerifyKey
+
+
+class Identities:
+    """Identity records checked with the admin's key: a record that does not check (forged, edited,
+    signed by another key, filed under another name) counts as absent. Each stored record is checked
+    once, and a worker's result key read once (remembered by the record's exact bytes)."""
+
+    def __init__(self, key: VerifyKey) -> None:
+        self._key = key
+        self._checked: dict[bytes, tuple[Identity, VerifyKey | None] | None] = {}
+
+    def check(self, name: str, stored: bytes | None) -> Identity | None:
+        """The identity ``name``'s record, if ``stored`` is one the admin signed for that name."""
+        found = self._found(name, stored)
+        return found[0] if found is not None else None
+
+    def _found(self, name: str, stored: bytes | None) -> tuple[Identity, VerifyKey | None] | None:
+        if stored is None:
+            return None
+        # One read of the entry: another thread (a client's sender, a web server's) may clear them.
+        found = self._checked.get(stored)
+        if found is None and stored not in self._checked:
+            found = self._open(stored)
+            if len(self._checked) >= _IDENTITIES:
+                self._checked.clear()
+            self._checked[stored] = found
+        return found if found is not None and found[0].name == name else None
+
+    def _open(self, stored: bytes) -> tuple[Identity, VerifyKey | None] | None:
+        try:
+            signed = json.loads(stored)
+            record, signature = signed["record"], _decode_signature(signed["sig"])
+            self._key.verify(signature, "identity", record)
+            identity = Identity.model_validate_json(record)
+            text = identity.result_key
+            return identity, VerifyKey.from_text(text, "a result key") if text else None
+        except (ValueError, TypeError, KeyError, UntrustedPayload, ConfigError):
+            return None
+
+    def worker_key(self, name: str | None, stored: bytes | None, now: datetime | None = None) -> WorkerKey:
+        """The result key of the worker identity ``name`` (its record ``stored`` in the registry), if the
+        record checks, names a worker and has not expired; else :class:`UntrustedPayload`."""
+        if name is None:
+            raise UntrustedPayload("no worker identity claimed the attempt")
+        found = self._found(name, stored)
+        if found is None:
+            raise UntrustedPayload(
+                f"worker identity {name!r} is not in the installation's registry (revoked?)"
+            )
+        identity, key = found
+        if identity.expired(now or datetime.now(timezone.utc)):
+            raise UntrustedPayload(
+                f"worker identity {name!r} expired at {identity.expires:%Y-%m-%d %H:%M} UTC"
+            )
+        if identity.role != "worker" or key is None:
+            raise UntrustedPayload(f"identity {name!r} is a {identity.role}'s, not a worker's")
+        return WorkerKey(name, key)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResultSigner:
+    """A worker's own result key, and the identity it signs under."""
+
+    identity: str
+    key: SigningKey
+
+
 # --- results -----------------------------------------------------------------------------------------
-def sign_result(key: SigningKey, job_id: str, attempt: int, name: str, payload: bytes) -> bytes:
-    """A function's result (or exception) as stored: signed for this job, attempt and file name."""
+def sign_result(signer: ResultSigner, job_id: str, attempt: int, name: str, payload: bytes) -> bytes:
+    """A function's result (or exception) as stored: signed for this job, attempt and file name, by
+    this worker identity."""
     digest = hashlib.sha256(payload).digest()
-    return _RESULT_MAGIC + key.sign("result", job_id, attempt, name, digest) + payload
+    signature = signer.key.sign("result", job_id, attempt, name, digest, signer.identity)
+    return _RESULT_MAGIC + signature + payload
 
 
-def open_result(key: VerifyKey, job_id: str, attempt: int, name: str, blob: bytes) -> bytes:
-    """The payload, if a worker signed ``blob`` as ``name`` of this job's ``attempt``; else
-    :class:`UntrustedPayload` (and nothing of it is unpickled)."""
+def open_result(key: WorkerKey, job_id: str, attempt: int, name: str, blob: bytes) -> bytes:
+    """The payload, if the worker identity ``key`` is signed ``blob`` as ``name`` of this job's
+    ``attempt``; else :class:`UntrustedPayload` (and nothing of it is unpickled)."""
     head = len(_RESULT_MAGIC)
     if not blob.startswith(_RESULT_MAGIC) or len(blob) < head + _SIGNATURE_BYTES:
         raise UntrustedPayload(f"the job's {name} is not signed by a worker; not unpickled")
     signature, payload = blob[head : head + _SIGNATURE_BYTES], blob[head + _SIGNATURE_BYTES :]
     try:
-        key.verify(signature, "result", job_id, attempt, name, hashlib.sha256(payload).digest())
+        digest = hashlib.sha256(payload).digest()
+        key.key.verify(signature, "result", job_id, attempt, name, digest, key.identity)
     except UntrustedPayload:
         raise UntrustedPayload(
-            f"the job's {name} is not signed by a worker for this job and attempt; not unpickled"
+            f"the job's {name} is not signed by the worker that ran this job and attempt "
+            f"({key.identity}); not unpickled"
         ) from None
     return payload
+
+
+# --- archives ----------------------------------------------------------------------------------------
+def seal_archive(signer: ResultSigner, job_id: str, attempt: int, name: str, sha256: str) -> str:
+    """What an archive a worker stores (outputs, a checkpoint) is kept with: its signature over the
+    archive's SHA-256, for this job, attempt and file name, by this worker identity."""
+    signature = signer.key.sign("archive", job_id, attempt, name, sha256, signer.identity)
+    return json.dumps({"attempt": attempt, "identity": signer.identity, "sig": _encode_signature(signature)})
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchiveSeal:
+    """An archive's seal, read: the attempt and identity it names, and the signature."""
+
+    attempt: int
+    identity: str
+    signature: bytes
+
+    @classmethod
+    def read(cls, text: str | None, name: str) -> ArchiveSeal:
+        """:class:`UntrustedPayload` if there is none, or it cannot be read."""
+        if not text:
+            raise UntrustedPayload(f"the job's {name} is not signed by a worker")
+        try:
+            found = json.loads(text)
+            attempt, identity = found["attempt"], found["identity"]
+            if not isinstance(attempt, int) or not isinstance(identity, str):
+                raise TypeError
+            return cls(attempt, identity, _decode_signature(found["sig"]))
+        except (ValueError, TypeError, KeyError):
+            raise UntrustedPayload(f"the job's {name} has a garbled signature") from None
+
+    def check(self, key: WorkerKey, job_id: str, name: str, sha256: str) -> None:
+        """Nothing if ``key`` signed this archive of the job as ``name``; else :class:`UntrustedPayload`."""
+        if key.identity != self.identity:
+            raise self.refused(name)
+        try:
+            key.key.verify(self.signature, "archive", job_id, self.attempt, name, sha256, key.identity)
+        except UntrustedPayload:
+            raise self.refused(name) from None
+
+    def refused(self, name: str) -> UntrustedPayload:
+        return UntrustedPayload(
+            f"the job's {name} is not signed by the worker that ran attempt {self.attempt}"
+        )

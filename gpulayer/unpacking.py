@@ -27,6 +27,7 @@ import shutil
 import stat
 import tarfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -64,22 +65,29 @@ class _Plan:
 
 
 def extract(
-    archive: IO[bytes], dest: Path, *, max_bytes: int, max_members: int = MAX_MEMBERS, replace: bool = False
+    archive: IO[bytes],
+    dest: Path,
+    *,
+    max_bytes: int,
+    max_members: int = MAX_MEMBERS,
+    replace: bool = False,
+    keep: Callable[[str], bool] | None = None,
 ) -> list[Path]:
     """Unpack ``archive`` (tar: plain, gzip, bzip2 or xz; seekable) into the folder ``dest``; the
     regular files written. :class:`ArchiveError` with one line, having written nothing, if it is not
     safe or holds more than ``max_members`` entries or ``max_bytes`` of files, or if ``dest`` (made
     if missing) or a folder in it cannot take what goes there. ``replace``: an entry may replace a
     file already in ``dest`` (outputs downloaded again); without it, it may not (an input may not
-    replace a source file)."""
+    replace a source file). ``keep``: only the entries whose name it accepts are unpacked (the job's
+    declared outputs); the others are passed over unread, whatever they are."""
     try:
         with reading(archive) as tar:
-            plan = _plan(tar, max_bytes, max_members)
+            plan = _plan(tar, max_bytes, max_members, keep)
         _check(plan)
         _Room(dest, replace).check(plan)
         archive.seek(0)
         with reading(archive) as tar:
-            return _Writer(dest, replace).write_all(tar)
+            return _Writer(dest, replace, keep).write_all(tar)
     except tarfile.ReadError:
         raise ArchiveError("not a tar archive (plain, gzip, bzip2 or xz) or cut short") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError, ValueError) as exc:
@@ -144,12 +152,16 @@ def _parts(name: str) -> tuple[str, ...]:
     return path.parts
 
 
-def _plan(tar: tarfile.TarFile, max_bytes: int, max_members: int) -> _Plan:
-    """Every entry's kind, read from the headers alone, stopping at the first cap passed."""
+def _plan(
+    tar: tarfile.TarFile, max_bytes: int, max_members: int, keep: Callable[[str], bool] | None = None
+) -> _Plan:
+    """Every kept entry's kind, read from the headers alone, stopping at the first cap passed."""
     plan = _Plan()
     for count, member in enumerate(tar, start=1):
         if count > max_members:
             raise ArchiveError(f"the archive holds more than {max_members:,} entries")
+        if keep is not None and not keep(member.name):
+            continue
         parts = _parts(member.name)
         if not parts:  # the folder itself ("." or "./")
             continue
@@ -295,9 +307,10 @@ def _reason(error: OSError) -> str:
 class _Writer:
     """Writes entries under ``dest`` through folder descriptors opened without following links."""
 
-    def __init__(self, dest: Path, replace: bool) -> None:
+    def __init__(self, dest: Path, replace: bool, keep: Callable[[str], bool] | None = None) -> None:
         self._dest = dest
         self._replace = replace
+        self._keep = keep
         self._folders: dict[tuple[str, ...], int] = {}
 
     def write_all(self, tar: tarfile.TarFile) -> list[Path]:
@@ -306,6 +319,8 @@ class _Writer:
             self._dest.mkdir(parents=True, exist_ok=True)
             self._folders[()] = os.open(self._dest, _DIRECTORY)
             for member in tar:
+                if self._keep is not None and not self._keep(member.name):
+                    continue
                 parts = _parts(member.name)
                 if not parts:
                     continue

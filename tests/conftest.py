@@ -1,14 +1,15 @@
 """Fixtures: a real redis-server for the session, real worker processes, a client and the CLI.
 
 The session's Redis is the newest redis-server here (Debian's, where installed), with a Redis user
-per role, as `gpulayer up` makes them: workers run as the worker role, the client and the CLI as a
-submitter, the web app as the web role, so every test also checks that no role needs more than its
-Redis user may do. ``raw_redis`` (for assertions) is the admin.
+per shared role and a worker identity, as `gpulayer up` makes them: workers run as that identity,
+the client and the CLI as a submitter, the web app as the web role, so every test also checks that no
+role needs more than its Redis user may do. ``raw_redis`` (for assertions) is the admin.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import os
@@ -31,14 +32,15 @@ from flask.testing import FlaskClient
 from gpulayer import Client, Settings
 from gpulayer import access as accesses
 from gpulayer.cli import main
-from gpulayer.installation import Installation, sync
-from gpulayer.models import Role
+from gpulayer.installation import Installation
+from gpulayer.models import IdentityRole, Role
 from gpulayer.network import free_port
 from gpulayer.requirements import Requirements
 from gpulayer.server import redis_server_binary, redis_version, start_redis, wait_ready
 from gpulayer.store import acl
 from gpulayer.store.keys import Keys
 from gpulayer.store.rq_names import point_rq_at
+from gpulayer.store.scripts import load_library
 from gpulayer.web import create_app
 
 #: How long a test waits for a worker to register or a job to end before failing.
@@ -50,28 +52,91 @@ WAIT = 30.0
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@dataclasses.dataclass
+class Hub:
+    """A redis-server with the users of a new installation, and the identity every worker of the
+    tests runs under (as the Compose stack's workers share one)."""
+
+    installation: Installation
+    process: subprocess.Popen[bytes]
+    #: The access of the worker identity ``worker``, with the URL naming 127.0.0.1.
+    worker: accesses.Access
+
+    def worker_on(self, host: str) -> accesses.Access:
+        """The worker's access as a machine that reaches Redis at ``host`` sees it."""
+        return self.worker.with_url(self.worker.redis_url.replace("@127.0.0.1:", f"@{host}:"))
+
+    def publish(self) -> None:
+        """The registry, as the admin keeps it (a test's FLUSHALL empties it)."""
+        publish(self.installation)
+
+
 def start_hub(
     folder: Path, *, bind: str = "127.0.0.1", binary: str | None = None, durable: bool = False
-) -> tuple[Installation, subprocess.Popen[bytes]]:
+) -> Hub:
     """A redis-server with the users and scripts of a new installation, as `gpulayer up` starts one;
-    its URLs name 127.0.0.1 (``Installation.url(role, host)`` names another of ``bind``)."""
+    its URLs name 127.0.0.1 (:meth:`Hub.worker_on` names another of ``bind``)."""
     port = free_port()
     binary = binary or redis_server_binary()
-    made = Installation.generate("gpulayer", f"redis://127.0.0.1:{port}/0")
-    users = acl.acl_file(Keys(made.prefix), made.passwords, redis_version(binary)[0])
+    made, worker = Installation.generate("gpulayer", f"redis://127.0.0.1:{port}/0").enrol("worker", "worker")
+    users = made.acl_file(redis_version(binary)[0])
     process = start_redis(folder, port, bind=bind, acl=users, durable=durable, binary=binary)
     wait_ready(made.url("admin"), process)
-    sync(made)  # the scripts, loaded by the admin: the roles may only call them
-    return made, process
+    admin = redis.Redis.from_url(made.url("admin"))
+    load_library(admin, Keys(made.prefix))  # by the admin: the roles may only call the scripts
+    admin.close()
+    publish(made)
+    return Hub(made, process, worker)
+
+
+def publish(installation: Installation, url: str | None = None, prefix: str | None = None) -> None:
+    """Its identities' records in its registry, as every admin command writes them (beside those a
+    test added: :func:`enrol`); or in the registry of another Redis (``url``) or prefix, whose
+    workers run under them."""
+    connection = redis.Redis.from_url(url or installation.url("admin"))
+    records = {name: kept.signed for name, kept in installation.valid().items()}
+    connection.hset(Keys(prefix or installation.prefix).identities, mapping=records)  # type: ignore[arg-type]
+    connection.close()
+
+
+def enrol(
+    installation: Installation, role: IdentityRole, name: str, expires_in: float | None = None
+) -> accesses.Access:
+    """A new identity on the installation's running Redis, as `gpulayer access add` makes one: its
+    Redis user and its record in the registry (until the next test's FLUSHALL)."""
+    made, access = installation.enrol(role, name, expires_in)
+    keys = Keys(installation.prefix)
+    kept = made.identities[name]
+    connection = redis.Redis.from_url(installation.url("admin"))
+    acl.apply(
+        connection, keys, [acl.User(kept.identity.user, role, kept.password_hash)], disable_default=False
+    )
+    connection.hset(keys.identities, name, kept.signed)
+    connection.close()
+    return access
+
+
+@contextlib.contextmanager
+def running_hub(folder: Path) -> Iterator[Hub]:
+    """:func:`start_hub`, killed at the end."""
+    hub = start_hub(folder)
+    try:
+        yield hub
+    finally:
+        hub.process.kill()
+        hub.process.wait(10)
 
 
 @pytest.fixture(scope="session")
-def installation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
-    """The session's Redis, with its users, and the installation's keys and passwords."""
-    made, process = start_hub(tmp_path_factory.mktemp("redis"))
-    yield made
-    process.terminate()
-    process.wait(10)
+def session_hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
+    with running_hub(tmp_path_factory.mktemp("redis")) as hub:
+        yield hub
+
+
+@pytest.fixture(scope="session")
+def installation(session_hub: Hub) -> Installation:
+    """The session's Redis's installation: its users, keys, passwords and worker identity."""
+    return session_hub.installation
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +147,8 @@ def redis_server(installation: Installation) -> str:
 
 @pytest.fixture
 def redis_url(redis_server: str) -> str:
-    """A fresh database for each test (the admin's URL)."""
+    """A fresh database for each test (the admin's URL): empty, so a test can assert that nothing was
+    written. Its identity registry comes with the first worker started (:class:`Workers`)."""
     connection = redis.Redis.from_url(redis_server)
     connection.flushall()
     connection.close()
@@ -107,12 +173,14 @@ def raw_redis(redis_url: str) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def home(tmp_path: Path, installation: Installation, redis_url: str) -> Path:
-    """This test's GPULAYER_HOME, holding the access of every role but the admin's (as a machine
-    joined and connected to the installation would): the CLI acts as a submitter there."""
+def home(tmp_path: Path, session_hub: Hub, redis_url: str) -> Path:
+    """This test's GPULAYER_HOME, holding the access of every shared role but the admin's, and the
+    worker identity's (as a machine joined and connected to the installation would): the CLI acts as
+    a submitter there."""
     folder = tmp_path / "home"
-    for role in ("web", "submitter", "worker", "viewer"):
-        accesses.save(folder, installation.access(role))
+    for role in ("web", "submitter", "viewer"):
+        accesses.save(folder, session_hub.installation.access(role))
+    accesses.save(folder, session_hub.worker)
     return folder
 
 
@@ -143,17 +211,21 @@ def web_client(home: Path) -> Iterator[Client]:
 
 
 class Workers:
-    """Starts `gpulayer worker start` processes and stops them at the end of the test."""
+    """Starts `gpulayer worker start` processes and stops them at the end of the test. ``hub``: whose
+    identity registry to publish first (a worker refuses to start under an identity not in it)."""
 
-    def __init__(self, client: Client, env: dict[str, str], logs: Path) -> None:
+    def __init__(self, client: Client, env: dict[str, str], logs: Path, hub: Hub | None = None) -> None:
         self.client = client
         self.env = env
         self.logs = logs
+        self.hub = hub
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(
         self, name: str = "w1", slots: int = 2, *args: str, wait: bool = True, pass_fds: tuple[int, ...] = ()
     ) -> subprocess.Popen[bytes]:
+        if self.hub is not None:
+            self.hub.publish()
         self.logs.mkdir(parents=True, exist_ok=True)
         with open(self.logs / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
@@ -204,8 +276,8 @@ class Workers:
 
 
 @pytest.fixture
-def workers(client: Client, env: dict[str, str], tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(client, env, tmp_path / "worker-logs")
+def workers(client: Client, env: dict[str, str], tmp_path: Path, session_hub: Hub) -> Iterator[Workers]:
+    started = Workers(client, env, tmp_path / "worker-logs", session_hub)
     yield started
     started.stop_all()
 

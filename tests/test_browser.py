@@ -25,9 +25,8 @@ import redis
 
 from gpulayer import Client, JobState, Settings
 from gpulayer import access as accesses
-from gpulayer.installation import Installation
 from gpulayer.network import free_port
-from tests.conftest import Workers, wait_for
+from tests.conftest import Hub, Workers, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -74,18 +73,18 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def stack(
-    redis_server: str, installation: Installation, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Stack]:
+def stack(redis_server: str, session_hub: Hub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """`gpulayer server` and a worker named gpu-box with two simulated GPUs, for the whole module.
     (Not conftest's `redis_url`, `client` and `workers`, which start afresh for every test: one
     server and worker for the module keeps it quick. Nothing else uses Redis while it runs.)"""
     connection = redis.Redis.from_url(redis_server)
     connection.flushall()
     connection.close()
+    session_hub.publish()
     base = tmp_path_factory.mktemp("browser")
-    for role in ("web", "worker"):  # the server and the worker each in their role
-        accesses.save(base / "home", installation.access(role))
+    # The server and the worker each in its role.
+    accesses.save(base / "home", session_hub.installation.access("web"))
+    accesses.save(base / "home", session_hub.worker)
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)},
         "GPULAYER_HOME": str(base / "home"),

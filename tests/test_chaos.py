@@ -13,9 +13,10 @@ from pathlib import Path
 import redis
 
 from gpulayer import Client, JobState, Settings
+from gpulayer.installation import Installation
 from gpulayer.network import free_port
 from gpulayer.server import start_redis, wait_ready
-from tests.conftest import WAIT, Workers, kill_machine, wait_for
+from tests.conftest import WAIT, Workers, kill_machine, publish, wait_for
 
 FAST = ("--lease-ttl", "1.5", "--heartbeat", "0.3")
 
@@ -68,13 +69,14 @@ def test_a_worker_that_dies_right_after_claiming_loses_no_job(client: Client, wo
 
 
 def test_redis_killed_mid_run_loses_no_job_acknowledged_a_second_before(
-    tmp_path: Path, env: dict[str, str]
+    tmp_path: Path, env: dict[str, str], installation: Installation
 ) -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     data = tmp_path / "durable-redis"
     redis_process = start_redis(data, port, durable=True)
     wait_ready(url, redis_process)
+    publish(installation, url)  # its workers run under the session's worker identity
     client = Client(url, settings=Settings(home=tmp_path / "home"))
     fleet = Workers(client, {**env, "GPULAYER_REDIS_URL": url}, tmp_path / "logs")
     acknowledged: list[tuple[str, float]] = []

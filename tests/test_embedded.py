@@ -13,6 +13,7 @@ import psutil
 from gpulayer import access as accesses
 from gpulayer import home as local
 from gpulayer.server import redis_server_binary
+from gpulayer.signing import SigningKey
 from tests.conftest import gpulayer
 
 
@@ -23,14 +24,21 @@ def test_up_starts_an_embedded_redis_and_a_worker_that_other_commands_find(up_en
     assert "GPUlayer is up." in up.stdout
     state = json.loads((home / "server.json").read_text())
     installation = json.loads((home / "installation.json").read_text())
-    # The join line carries a worker's access, in the environment (never on a command line).
-    [join] = [line.strip() for line in up.stdout.splitlines() if line.strip().endswith("gpulayer join")]
-    join_token = join.removeprefix(f"{accesses.TOKEN_VARIABLE}=").removesuffix(" gpulayer join")
-    worker = accesses.Access.from_token(join_token)
-    assert worker.role == "worker"
-    assert worker.redis_url.startswith(f"redis://gpulayer-worker:{installation['passwords']['worker']}@")
-    for role in ("admin", "web", "submitter", "viewer"):  # no other role's password is printed
+    # Another machine gets an identity of its own: `up` says how, and prints no password.
+    assert any(line.endswith(" access add worker NAME") for line in up.stdout.splitlines())
+    for role in ("admin", "web", "submitter", "viewer"):
         assert installation["passwords"][role] not in up.stdout
+    # The local worker runs under one, named after it.
+    assert installation["identities"]["laptop"]["identity"]["role"] == "worker"
+    local_worker = accesses.load(home, "worker")
+    assert local_worker is not None
+    assert local_worker.identity == "laptop"
+    added = gpulayer(up_env, "access", "add", "worker", "gpu2")
+    assert added.returncode == 0, added.stderr
+    worker = accesses.Access.from_token(added.stdout.strip())
+    assert (worker.role, worker.identity) == ("worker", "gpu2")
+    assert worker.redis_url.startswith("redis://gpulayer~gpu2:")
+    assert "GPULAYER_ACCESS_TOKEN=<token> gpulayer join" in added.stderr
 
     redis_process = psutil.Process(state["redis_pid"])
     assert redis_process.exe() == os.path.realpath(redis_server_binary())
@@ -113,3 +121,41 @@ def test_up_after_its_worker_died_keeps_the_web_server_and_down_stops_it(up_env:
 
     assert gpulayer(up_env, "down").returncode == 0
     assert not any(local.alive(second[key]) for key in ("redis_pid", "worker_pid", "web_pid"))
+
+
+def test_an_installation_from_before_identities_is_brought_up_to_date_by_the_next_up(
+    up_env: dict[str, str],
+) -> None:
+    home = Path(up_env["GPULAYER_HOME"])
+    assert gpulayer(up_env, "up", "--name", "old").returncode == 0
+    assert gpulayer(up_env, "down").returncode == 0
+    # As it was kept before each machine had an identity: a worker user and a result key all shared.
+    kept = json.loads((home / "installation.json").read_text())
+    shared = SigningKey.generate()
+    kept["keys"] = {
+        "job_key": kept["keys"]["job_key"],
+        "job_verify": kept["keys"]["job_verify"],
+        "result_key": shared.text,
+        "result_verify": shared.public.text,
+    }
+    kept["passwords"]["worker"], kept["identities"] = "shared-password", {}
+    (home / "installation.json").write_text(json.dumps(kept))
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    url = worker.redis_url.replace("gpulayer~old:", "gpulayer-worker:", 1).split("@", 1)[1]
+    legacy = {"role": "worker", "redis_url": f"redis://gpulayer-worker:shared-password@{url}", "keys": {}}
+    (home / "access" / "worker.json").write_text(json.dumps(legacy))
+
+    again = gpulayer(up_env, "up", "--name", "old")
+    assert again.returncode == 0, again.stderr
+    upgraded = json.loads((home / "installation.json").read_text())
+    assert {"identity_key", "identity_verify"} <= set(upgraded["keys"])
+    assert not {"result_key", "result_verify"} & set(upgraded["keys"])
+    assert "worker" not in upgraded["passwords"]
+    assert accesses.load(home, "worker").identity == "old"  # type: ignore[union-attr]
+    admin = accesses.load(home, "admin")
+    assert admin is not None
+    assert "identity_key" in admin.keys
+    assert "user gpulayer-worker " not in (home / "redis" / "users.acl").read_text()
+    run = gpulayer(up_env, "submit", "--wait", "--", "echo", "upgraded")
+    assert (run.returncode, run.stdout) == (0, "upgraded\n")

@@ -25,10 +25,11 @@ from schemathesis.generation import GenerationMode
 
 from gpulayer import ArchiveError, Client, JobState
 from gpulayer.models import build_spec
+from gpulayer.signing import ResultSigner, seal_archive
 from gpulayer.store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE
 from gpulayer.store.keys import Keys
 from gpulayer.unpacking import extract
-from tests.conftest import WAIT, Workers, auth, wait_for
+from tests.conftest import WAIT, Hub, Workers, auth, wait_for
 
 MiB = 1024 * 1024
 
@@ -235,15 +236,29 @@ def test_the_api_refuses_an_upload_name_rather_than_renaming_it(
 
 
 def test_outputs_a_worker_replaced_with_a_hostile_archive_write_nothing_outside_the_destination(
-    client: Client, workers: Workers, raw_redis: redis.Redis, cli: Callable[..., Any], box: Path
+    client: Client,
+    workers: Workers,
+    raw_redis: redis.Redis,
+    cli: Callable[..., Any],
+    box: Path,
+    session_hub: Hub,
 ) -> None:
     workers.start("w1", 1)
-    job = client.submit(["sh", "-c", "echo hi > out.txt"], outputs=["out.txt"])
-    assert job.wait(WAIT).state is JobState.SUCCEEDED
-    # As anyone holding a worker's credentials could: the outputs are the worker's to store.
+    # Every name is a declared output: what stops the archive is its unpacking, not the filter.
+    job = client.submit(["sh", "-c", "echo hi > out.txt"], outputs=["*"])
+    record = job.wait(WAIT)
+    assert record.state is JobState.SUCCEEDED
+    # As the worker that ran it could (signed with its key): the outputs are that worker's to store.
     raw_redis.delete(client.keys.outputs(job.id))
     archive = cve_2025_4517(box / "dest")
-    client.stores.artifacts._put(client.keys.outputs(job.id), OUTPUTS_ARCHIVE, archive, 3600)
+    key = session_hub.worker.keyring.result_key
+    assert key is not None
+    signer = ResultSigner("worker", key)
+
+    def seal(sha256: str) -> str:
+        return seal_archive(signer, job.id, record.attempt, OUTPUTS_ARCHIVE, sha256)
+
+    client.stores.artifacts._put(client.keys.outputs(job.id), OUTPUTS_ARCHIVE, archive, 3600, seal=seal)
     result = cli("outputs", job.id, "--dest", str(box / "dest"))
     assert result.exit_code == 1
     assert result.output.count("\n") == 1

@@ -58,9 +58,10 @@ def test_a_worker_cut_off_past_its_lease_loses_its_job_and_writes_nothing_after(
     namespace: tuple[str, str, str], tmp_path: Path, env: dict[str, str]
 ) -> None:
     name, host_link, host_ip = namespace
-    made, redis_process = start_hub(tmp_path / "redis", bind=f"127.0.0.1 {host_ip}")
-    client = Client(settings=Settings(home=tmp_path / "home"), access=made.access("submitter"))
-    fleet = Workers(client, {**env, TOKEN_VARIABLE: made.access("worker").token()}, tmp_path / "logs")
+    hub = start_hub(tmp_path / "redis", bind=f"127.0.0.1 {host_ip}")
+    redis_process = hub.process
+    client = Client(settings=Settings(home=tmp_path / "home"), access=hub.installation.access("submitter"))
+    fleet = Workers(client, {**env, TOKEN_VARIABLE: hub.worker.token()}, tmp_path / "logs")
     ledger = tmp_path / "ledger"
     isolated = None
     try:
@@ -68,7 +69,7 @@ def test_a_worker_cut_off_past_its_lease_loses_its_job_and_writes_nothing_after(
             isolated = subprocess.Popen(
                 ["ip", "netns", "exec", name, sys.executable, "-m", "gpulayer", "worker", "start",
                  "--name", "isolated", "--slots", "1", *FAST],
-                env={**env, TOKEN_VARIABLE: made.access("worker", host_ip).token()},
+                env={**env, TOKEN_VARIABLE: hub.worker_on(host_ip).token()},
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip
         fleet.wait_registered("isolated", isolated)
@@ -107,9 +108,12 @@ def test_a_gang_job_s_ranks_reach_each_other_across_a_real_network(
     the address its worker advertises (its end of the route to Redis)."""
     pytest.importorskip("torch")
     name, host_link, host_ip = namespace
-    made, redis_process = start_hub(tmp_path / "redis", bind=f"127.0.0.1 {host_ip}")
-    token = made.access("worker", host_ip).token()
-    client = Client(settings=Settings(home=tmp_path / "home"), access=made.access("submitter", host_ip))
+    hub = start_hub(tmp_path / "redis", bind=f"127.0.0.1 {host_ip}")
+    redis_process = hub.process
+    token = hub.worker_on(host_ip).token()
+    client = Client(
+        settings=Settings(home=tmp_path / "home"), access=hub.installation.access("submitter", host_ip)
+    )
     # Gloo picks its interface by name; each side names its end of the veth pair.
     fleet = Workers(
         client, {**env, TOKEN_VARIABLE: token, "GLOO_SOCKET_IFNAME": host_link}, tmp_path / "logs"

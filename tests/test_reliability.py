@@ -15,11 +15,12 @@ import pytest
 import redis
 
 from gpulayer import Client, ConfigError, JobState
-from gpulayer.installation import Installation, sync
+from gpulayer.installation import Installation
 from gpulayer.models import build_spec
 from gpulayer.store.artifacts import INPUTS_ARCHIVE
 from gpulayer.store.execution import ClaimRequest, ExecutionStore, QueueOffer
-from gpulayer.store.scripts import Scripts, library
+from gpulayer.store.keys import Keys
+from gpulayer.store.scripts import Scripts, library, load_library
 from gpulayer.worker.worker import POLL_INTERVAL
 from tests.conftest import Workers, kill_machine, wait_for
 
@@ -284,7 +285,7 @@ def test_after_redis_loses_its_scripts_a_role_says_the_admin_must_load_them_and_
     with pytest.raises(ConfigError, match="the installation's admin loads them with `gpulayer up`"):
         client.submit(["true"])
     time.sleep(POLL_INTERVAL * 1.5)  # the idle worker's claims found no scripts meanwhile
-    sync(installation)
+    load_library(raw_redis, Keys(installation.prefix))  # what `up` and `access sync` do, as the admin
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED
     assert process.poll() is None
 

@@ -32,7 +32,7 @@ import gpulayer as gl
 from gpulayer import Client, Settings
 from gpulayer import access as accesses
 from gpulayer.payloads import ERROR, RESULT, dump_result, load_result
-from gpulayer.signing import SigningKey, sign_result
+from gpulayer.signing import ResultSigner, SigningKey, WorkerKey, sign_result
 from gpulayer.unpickling import OwnCode, Policy, Refused, loads_data
 
 from .conftest import WAIT, Workers
@@ -91,15 +91,17 @@ def remote(client: Client, tmp_path: Path) -> Callable[..., Any]:
 
 def replace_result(home: Path, job_id: str, name: str, payload: bytes) -> None:
     """What anyone holding a worker's credentials can do: sign ``payload`` for the job's attempt with
-    the installation's result key, and put it in place of the job's result through the worker's
-    Redis user."""
+    the result key of the worker that ran it (whose token this home holds), and put it in place of
+    the job's result through that worker's Redis user."""
     worker = accesses.load(home, "worker")
     assert worker is not None
     assert worker.keyring.result_key is not None
+    assert worker.identity is not None
     client = Client(settings=Settings(home=home), access=worker)
     try:
         attempt = client.get(job_id).status().attempt
-        signed = sign_result(worker.keyring.result_key, job_id, attempt, name, payload)
+        signer = ResultSigner(worker.identity, worker.keyring.result_key)
+        signed = sign_result(signer, job_id, attempt, name, payload)
         outputs = client.keys.outputs(job_id)
         client.redis.delete(outputs)
         client.stores.artifacts.put_outputs(job_id, 0, name, io.BytesIO(signed))
@@ -446,13 +448,14 @@ def test_data_loads_as_pickle_did_and_code_is_refused_before_it_runs(tmp_path: P
 
 def test_results_verify_before_unpickling_then_unpickle_as_data(tmp_path: Path) -> None:
     key = SigningKey.generate()
+    signer, checker = ResultSigner("w1", key), WorkerKey("w1", key.public)
     policy = Policy(OwnCode(frozenset))
     marker = tmp_path / "pwned"
-    signed = sign_result(key, "job1", 1, RESULT, attacks(marker)["os.system"][1])
+    signed = sign_result(signer, "job1", 1, RESULT, attacks(marker)["os.system"][1])
     with pytest.raises(
         gl.UnsafePickle, match=r"^job job1 returned a pickle that calls posix\.system, which is not"
     ):
-        load_result(key.public, "job1", 1, RESULT, signed, policy)
+        load_result(checker, "job1", 1, RESULT, signed, policy)
     with pytest.raises(gl.UntrustedPayload, match="not signed"):
-        load_result(key.public, "job2", 1, RESULT, signed, policy)
+        load_result(checker, "job2", 1, RESULT, signed, policy)
     assert not marker.exists()

@@ -29,7 +29,7 @@ from gpulayer import Client, JobState, Settings
 from gpulayer import access as accesses
 from gpulayer.models import FunctionSpec, build_spec
 from gpulayer.payloads import CALL, RESULT, load_result
-from gpulayer.signing import Keyring, SigningKey, sign_result
+from gpulayer.signing import Keyring, ResultSigner, SigningKey, WorkerKey, sign_result
 from gpulayer.store.artifacts import BUNDLE_TTL
 from gpulayer.store.jobs import JobStore
 from gpulayer.store.scripts import Scripts
@@ -539,18 +539,27 @@ def test_without_a_key_the_client_says_how_to_get_one(redis_url: str, tmp_path: 
         gl.remote(square, client=client, source=tmp_path).remote(1)
 
 
-@pytest.mark.slow
-def test_a_worker_without_the_result_key_fails_function_jobs_saying_why(
-    workers: Workers, remote: Callable[..., Any], env: dict[str, str], home: Path, tmp_path: Path
+def test_a_worker_whose_access_is_no_identitys_refuses_to_start_saying_why(
+    workers: Workers, env: dict[str, str], home: Path, tmp_path: Path
 ) -> None:
     worker = accesses.load(home, "worker")
     assert worker is not None
+    # As a token made before each machine had an identity: no name, no result key of its own.
     keys = {name: text for name, text in worker.keys.items() if name != "result_key"}
-    accesses.save(tmp_path / "worker-home", worker.model_copy(update={"keys": keys}))
-    workers.env = {**env, "GPULAYER_HOME": str(tmp_path / "worker-home")}
-    workers.start("w1", 1)
-    with pytest.raises(gl.JobFailed, match="no key to sign results with"):
-        remote(square).remote(1).result(timeout=WAIT)
+    accesses.save(tmp_path / "worker-home", worker.model_copy(update={"keys": keys, "identity": None}))
+    done = subprocess.run(
+        [sys.executable, "-m", "gpulayer", "worker", "start", "--name", "w1", "--burst"],
+        env={**env, "GPULAYER_HOME": str(tmp_path / "worker-home")},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "Error: this worker's access is no identity's (a token made before each machine had its own): "
+        "get one with `gpulayer access add worker NAME` on the admin's machine"
+    )
 
 
 def test_connect_sets_the_default_client(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -569,22 +578,25 @@ def _no_default_client() -> Iterator[None]:
 
 def test_results_verify_before_unpickling_and_only_for_their_job_and_attempt(tmp_path: Path) -> None:
     key = SigningKey.generate()
+    signer, checker = ResultSigner("gpu1", key), WorkerKey("gpu1", key.public)
     marker = tmp_path / "pwned"
-    blob = sign_result(key, "job1", 1, RESULT, pickle.dumps(3))
+    blob = sign_result(signer, "job1", 1, RESULT, pickle.dumps(3))
     policy = Policy(OwnCode(frozenset), allow_pickle=True)  # what is checked here is the signature
-    assert load_result(key.public, "job1", 1, RESULT, blob, policy) == 3
+    assert load_result(checker, "job1", 1, RESULT, blob, policy) == 3
     evil = evil_payload(marker)
+    another = ResultSigner("gpu2", SigningKey.generate())
     forged = [
-        (evil, "job1", 1, RESULT),  # unsigned
-        (sign_result(SigningKey.generate(), "job1", 1, RESULT, evil), "job1", 1, RESULT),  # another key
-        (blob[:-1] + b"!", "job1", 1, RESULT),  # changed after signing
-        (blob, "job2", 1, RESULT),  # moved to another job
-        (blob, "job1", 2, RESULT),  # to another attempt
-        (blob, "job1", 1, "error.pkl"),  # as another file
+        (evil, checker, "job1", 1, RESULT),  # unsigned
+        (sign_result(another, "job1", 1, RESULT, evil), checker, "job1", 1, RESULT),  # another worker's
+        (blob[:-1] + b"!", checker, "job1", 1, RESULT),  # changed after signing
+        (blob, checker, "job2", 1, RESULT),  # moved to another job
+        (blob, checker, "job1", 2, RESULT),  # to another attempt
+        (blob, checker, "job1", 1, "error.pkl"),  # as another file
+        (blob, WorkerKey("gpu2", key.public), "job1", 1, RESULT),  # for another identity, same key
     ]
-    for stored, job_id, attempt, name in forged:
+    for stored, check, job_id, attempt, name in forged:
         with pytest.raises(gl.UntrustedPayload):
-            load_result(key.public, job_id, attempt, name, stored, policy)
+            load_result(check, job_id, attempt, name, stored, policy)
     assert not marker.exists()
 
 

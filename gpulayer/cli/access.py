@@ -1,5 +1,6 @@
-"""Commands about who may do what: `access init` for a Redis the user runs, `access export` of a
-role's access token, and `connect`, which keeps one on this machine."""
+"""Commands about who may do what: `access init` for a Redis the user runs, `access add`, `list` and
+`revoke` of each machine's own identity, `access export` of a shared role's access token, and
+`connect`, which keeps one on this machine."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import click
 
 from .. import access as accesses
 from .. import home as local
+from .. import identities, tls
 from .. import installation as installations
-from .. import tls
-from ..models import AccessRole
+from ..models import AccessRole, IdentityRole
 from ..settings import Settings
+from .app import duration
 from .server import join_host
 
 
@@ -57,6 +59,12 @@ def access_group() -> None:
     "(ca.pem, redis.pem, redis.key) in this folder, for a Redis that speaks TLS only, as the Compose "
     "stack's does. Needs a rediss:// URL; every access then trusts that CA alone.",
 )
+@click.option(
+    "--worker",
+    metavar="NAME",
+    help="Also make the identity of a worker machine, NAME, its access kept here (access/worker.json) "
+    "for the machines that run it, as the Compose stack's workers do.",
+)
 def init(
     redis_url: str,
     apply: bool,
@@ -64,12 +72,14 @@ def init(
     redis_major: int,
     aclfile: Path | None,
     tls_dir: Path | None,
+    worker: str | None,
 ) -> None:
-    """Set an installation up on a Redis you run: a password per role and both key pairs, kept here
-    (this machine is then its admin), and the ACL rules that make its users, printed with password
-    hashes only. Apply them as an admin of that Redis, or pass --apply, or write them to --aclfile.
-    The default user is left as it is; turn it off (`ACL SETUSER default off`) unless other
-    programs use it."""
+    """Set an installation up on a Redis you run: a password per shared role and the job and
+    identity key pairs, kept here (this machine is then its admin), and the ACL rules that make its
+    users, printed with password hashes only. Apply them as an admin of that Redis, or pass --apply,
+    or write them to --aclfile; the next admin command here (`gpulayer up --redis-url`, `gpulayer
+    access list`) publishes the identities. The default user is left as it is; turn it off (`ACL
+    SETUSER default off`) unless other programs use it."""
     if apply and aclfile:
         raise click.UsageError("give --apply or --aclfile, not both")
     if tls_dir is not None and (apply or ca_file):
@@ -89,12 +99,16 @@ def init(
     endpoint = installations.endpoint_of(redis_url)  # a database no role could reach: refused, nothing made
     if tls_dir is not None:  # never with --ca-file (above)
         ca = _redis_tls(home, redis_url, tls_dir)
+    made = installations.Installation.generate(settings.prefix, endpoint, ca)
+    worker_access = None
+    if worker is not None:
+        made, worker_access = made.enrol("worker", worker)
     if apply:
-        made = installations.create_on(redis_url, settings.prefix, ca)
-    else:
-        made = installations.Installation.generate(settings.prefix, endpoint, ca)
+        identities.make_on(redis_url, made)
     installations.save(home, made)
     made.save_accesses(home)
+    if worker_access is not None:
+        accesses.save(home, worker_access)
     if aclfile is not None:
         # Password hashes only: readable by the Redis that loads it.
         aclfile.write_text(made.acl_file(redis_major))
@@ -128,30 +142,98 @@ def sync() -> None:
     users with this version's rules (their passwords kept) and the installation's scripts, which on
     Redis 7 only the admin may load. `gpulayer up` does this itself; run it after an upgrade, where
     a Redis of your own (or the Compose stack's) runs without `up`."""
-    installations.sync(_installation(Settings.from_env()))
-    click.echo("the roles' Redis users and the installation's scripts are this version's")
+    applied = identities.resync(Settings.from_env().home)
+    _say(applied, "they are made")
+    if applied != "stopped":
+        click.echo("the roles' Redis users and the installation's scripts are this version's")
 
 
 @access_group.command()
 @click.argument("role", type=click.Choice(get_args(AccessRole)))
 @click.option("--host", help="The address other machines reach Redis at (default: as `up` prints it).")
 def export(role: AccessRole, host: str | None) -> None:
-    """Print ROLE's access token, for another machine (`gpulayer join` for a worker, `gpulayer
-    connect` for the rest). Anyone holding it acts as that role: send it as you would a password."""
-    settings = Settings.from_env()
-    installation = _installation(settings)
-    state = local.load(settings.home)
-    click.echo(installation.access(role, host or (join_host(state) if state else None)).token())
+    """Print a shared ROLE's access token, for another machine (`gpulayer connect` with it). Anyone
+    holding it acts as that role: send it as you would a password. A worker has no shared token:
+    `gpulayer access add worker NAME` makes each machine its own."""
+    if role == "worker":
+        raise click.ClickException("a worker's token is its own: `gpulayer access add worker NAME` makes one")
+    home = Settings.from_env().home
+    installation = installations.load_admin(home)
+    click.echo(installation.access(role, _host(home, host)).token())
 
 
-def _installation(settings: Settings) -> installations.Installation:
-    """The installation this machine is the admin of."""
-    installation = installations.load(settings.home)
-    if installation is None:
-        raise click.ClickException(
-            "this machine holds no installation: run this where `gpulayer up` (or `access init`) ran"
+def _host(home: Path, given: str | None) -> str | None:
+    state = local.load(home)
+    return given or (join_host(state) if state else None)
+
+
+@access_group.command()
+@click.argument("role", type=click.Choice(get_args(IdentityRole)))
+@click.argument("name")
+@click.option(
+    "--expires",
+    callback=duration,
+    metavar="DURATION",
+    help="From then on nothing it signs is accepted, and the next admin command removes its Redis "
+    "user (30d). Default: never.",
+)
+@click.option("--host", help="The address other machines reach Redis at (default: as `up` prints it).")
+def add(role: IdentityRole, name: str, expires: float | None, host: str | None) -> None:
+    """Make the identity of one machine, NAME, in ROLE: a Redis user of its own (and, for a worker, its
+    own key to sign results with), revocable alone (`gpulayer access revoke NAME`). Prints its
+    access token, the only time it is shown: `gpulayer join` (a worker) or `gpulayer connect` takes
+    it on that machine. Send it as you would a password."""
+    home = Settings.from_env().home
+    access, applied = identities.add(home, role, name, expires, _host(home, host))
+    use = "gpulayer join" if role == "worker" else "gpulayer connect"
+    click.echo(
+        f"identity {name!r} ({role}): its token, shown this once; on that machine run "
+        f"`{accesses.TOKEN_VARIABLE}=<token> {use}` (or `{use} --token-file FILE`)",
+        err=True,
+    )
+    _say(applied, "its Redis user is made")
+    click.echo(access.token())
+
+
+def _say(applied: identities.Applied, what: str) -> None:
+    """A note on stderr when Redis did not take the change for good."""
+    if applied == "stopped":
+        click.echo(f"note: {what} at the next `gpulayer up`", err=True)
+    elif applied == "unsaved":
+        click.echo(
+            "note: Redis could not save its users to an ACL file (it has none, or may not write it): "
+            "a restart of Redis undoes this until the next `gpulayer access` command here",
+            err=True,
         )
-    return installation
+
+
+@access_group.command(name="list")
+def list_identities() -> None:
+    """Every machine identity: name, role, Redis user, created, expires, state (valid, expired),
+    and when a worker under it was last heard from. The Redis users of expired ones are removed."""
+    for listed in identities.listing(Settings.from_env().home):
+        expires = listed.expires.isoformat(timespec="seconds") if listed.expires else "never"
+        seen = listed.last_seen.isoformat(timespec="seconds") if listed.last_seen else "-"
+        click.echo(
+            f"{listed.name}  {listed.role}  user {listed.user}  created "
+            f"{listed.created.isoformat(timespec='seconds')}  expires {expires}  "
+            f"{'valid' if listed.valid else 'expired'}  last seen {seen}"
+        )
+
+
+@access_group.command()
+@click.argument("name")
+def revoke(name: str) -> None:
+    """Revoke the identity NAME at once: its Redis user is deleted (its connections cut), nothing it
+    signs is accepted any more, and the jobs its workers were running go back to their queues.
+    Other machines are not touched."""
+    applied, moved = identities.revoke(Settings.from_env().home, name)
+    _say(applied, "its Redis user is deleted")
+    if applied == "stopped":
+        click.echo(f"identity {name!r} revoked")
+        return
+    back = f"; {moved} running job(s) went back to their queues" if moved else ""
+    click.echo(f"identity {name!r} revoked: its Redis user is deleted{back}")
 
 
 @click.command()

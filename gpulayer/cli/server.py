@@ -16,8 +16,8 @@ import click
 
 from .. import access as accesses
 from .. import home as local
+from .. import identities, tls
 from .. import installation as installations
-from .. import tls
 from ..client import Client
 from ..errors import ConfigError, ServerError
 from ..installation import Installation
@@ -87,9 +87,10 @@ def up(
     run_as: str | None,
     web_port: int | None,
 ) -> None:
-    """Start GPUlayer here: an embedded Redis (unless --redis-url is given), a local worker and the
-    HTTP API, all in the background, each with a Redis user of its own role. Prints the `gpulayer
-    join` line that adds another machine, and, the first time, an admin token."""
+    """Start GPUlayer here: an embedded Redis (unless --redis-url is given), a local worker (with an
+    identity of its own, named after it) and the HTTP API, all in the background, each with a Redis
+    user of its own. Says how to add another machine (`gpulayer access add worker NAME`), and, the
+    first time, prints an admin token."""
     settings = Settings.from_env(redis_url=redis_url)
     home = local.private_folder(settings.home)
     previous = local.load(home)
@@ -108,13 +109,17 @@ def up(
         state = local.LocalState(embedded=False)
     else:
         installation, state = _start_embedded(home, previous, settings.prefix, port, bind, insecure)
-    installations.sync(installation)  # this version's roles and scripts, in a Redis kept from before too
     installation.save_accesses(home)
     if previous:
         _carry_over(previous, state)
-    local.save(home, state)
     if not local.alive(state.worker_pid):
         state.worker_name = name or state.worker_name or socket.gethostname()
+    local.save(home, state)
+    assert state.worker_name is not None, "a worker that runs was named when it started"
+    # Also what brings Redis in step with the installation (this version's users, scripts and identities,
+    # in a Redis kept from before too), as each admin command does.
+    installation = identities.local_worker(home, installation, state.worker_name)
+    if not local.alive(state.worker_pid):
         state.run_as, state.slots = run_as or state.run_as, slots or state.slots
         state.gpus = gpus or state.gpus
         state.worker_pid = _start_worker(home, installation, state.worker_name, state)
@@ -178,7 +183,7 @@ def _start_embedded(
     """Start the embedded Redis with a user per role, or keep the one still running; passwords, keys
     and port persist across `up`s."""
     reuse = previous if previous and previous.embedded else None
-    kept = installations.load(home)
+    kept = installations.load_current(home)
     if kept is not None and kept.prefix != prefix:
         raise ConfigError(f"this home's installation uses the prefix {kept.prefix!r}, not {prefix!r}")
     if reuse and kept and local.alive(reuse.redis_pid):
@@ -249,10 +254,11 @@ def _pids(state: local.LocalState) -> list[int | None]:
 def _external(home: Path, redis_url: str, prefix: str) -> Installation:
     """The installation of a Redis the user runs: the one `gpulayer access init` made for it, or a new
     one whose roles are made on it now (``redis_url`` must then be allowed ACL SETUSER)."""
-    kept = installations.load(home)
+    kept = installations.load_current(home)
     if kept is not None and _same_server(kept.endpoint, redis_url):
         return kept
-    installation = installations.create_on(redis_url, prefix)
+    installation = Installation.generate(prefix, installations.endpoint_of(redis_url))
+    identities.make_on(redis_url, installation)
     installations.save(home, installation)
     return installation
 
@@ -393,10 +399,9 @@ def _summary(state: local.LocalState, home: Path) -> None:
         click.echo(f"  API:     http://127.0.0.1:{state.web_port}/api/v1  (log {home / 'logs' / 'web.log'})")
         click.echo(f"  Web:     http://127.0.0.1:{state.web_port}/  (`gpulayer dashboard` opens it)")
     click.echo("")
-    token = installation.access("worker", join_host(state)).token()
-    click.echo("To add another machine, run there (the token is a worker's credentials: keep it secret;")
-    click.echo("`gpulayer access export worker` prints it again):")
-    click.echo(f"  {accesses.TOKEN_VARIABLE}={token} gpulayer join")
+    click.echo("To add another machine, make it a worker identity of its own here (revocable alone with")
+    click.echo("`gpulayer access revoke NAME`); run the join line it prints on that machine:")
+    click.echo(f"  {invoked_as()} access add worker NAME")
     if state.embedded and state.bind in LOOPBACK:
         click.echo(
             "  (this Redis listens on 127.0.0.1 only; run `gpulayer down && gpulayer up --bind 0.0.0.0` "

@@ -144,6 +144,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         format_size(worker.offer.memory),
         gpus or f"none ({found.nvml})",
     )
+    worker.check_identity()
     worker.check_name(replace=options["replace"])
     _say_who_jobs_run_as(run_as)
     worker.work(burst=options["burst"], logging_level=level)
@@ -199,9 +200,10 @@ def stop(name: str, requeue: bool, redis_url: str | None) -> None:
 )
 @_worker_options
 def join(token_file: str | None, **options: Any) -> None:
-    """Add this machine to an installation as a worker: with the access token `gpulayer up` prints
-    (never on the command line, where every user of this machine could read it). The access is kept
-    in $GPULAYER_HOME/access/worker.json, so a later `gpulayer join` (or `worker start`) needs none."""
+    """Add this machine to an installation as a worker: with the token of its own identity, which
+    `gpulayer access add worker NAME` prints on the admin's machine (never on the command line, where
+    every user of this machine could read it). The access is kept in
+    $GPULAYER_HOME/access/worker.json, so a later `gpulayer join` (or `worker start`) needs none."""
     settings = Settings.from_env()
     given = token_file or accesses.TOKEN_VARIABLE in os.environ
     access = accesses.read_token(token_file) if given else accesses.resolve(None, settings.home, ("worker",))

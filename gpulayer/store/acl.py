@@ -1,4 +1,5 @@
-"""Redis's own users, one per role, each with no more than the role needs.
+"""Redis's own users, one per shared role and one per machine identity, each with no more than its
+role needs.
 
 ``admin`` may do anything. The others may reach only this installation's keys and channels
 (``<prefix>:*``, RQ's included: :mod:`.rq_names`), in the one database their URL names, and none may
@@ -9,7 +10,11 @@ installation's function library, which the admin loads (FCALL; no EVAL, no SCRIP
 6.2, which has no functions, the writers load and call scripts by SHA (docs/security.md says what
 that leaves open). ``viewer`` runs read commands only. Only ``web`` (the HTTP server) and ``admin``
 reach the keys of API tokens and browser sessions (:attr:`Keys.auth`), so no job, worker or
-submitter can mint a token.
+submitter can mint a token. Only the admin writes the identity registry (:attr:`Keys.identities`);
+on Redis 7 the others may read it, on 6.2 (which has no read-only key patterns) they reach it whole.
+
+Workers have no shared user: each machine's identity (`gpulayer access add`) is a user of its own,
+``<prefix>~<name>``, with its role's rules, so revoking one machine deletes its user alone.
 
 Written for Redis 6.2 and 7 alike: only command categories, allowed subcommands and key and channel
 patterns that both read the same way.
@@ -17,16 +22,19 @@ patterns that both read the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from redis import Redis
+from redis.exceptions import ResponseError
 
 from ..models import AccessRole
 from .keys import Keys
 
-#: Every role, in the order the rules are written.
-ROLES: tuple[AccessRole, ...] = ("admin", "web", "submitter", "worker", "viewer")
+#: The roles with a user shared by every machine in them, in the order the rules are written (every
+#: worker is an identity of its own).
+ROLES: tuple[AccessRole, ...] = ("admin", "web", "submitter", "viewer")
 #: What every non-admin role may run besides its categories: INFO (RQ reads the server's version),
 #: TIME (the scripts' clock).
 _ALWAYS = ("+@connection", "+info", "+time")
@@ -57,7 +65,23 @@ _SCRIPTS = ("+@scripting", "-script", "+script|load", "+script|exists")
 
 
 def user_name(keys: Keys, role: AccessRole) -> str:
+    """A shared role's user."""
     return f"{keys.prefix}-{role}"
+
+
+def identity_user(keys: Keys, name: str) -> str:
+    """A machine identity's user: ``~`` is in no prefix and no identity name, so it names no other
+    installation's user, nor a shared role's."""
+    return f"{keys.prefix}~{name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class User:
+    """One Redis user to make: its name, the role whose rules it gets, and its password's hash."""
+
+    name: str
+    role: AccessRole
+    password_hash: str
 
 
 def password_hash(password: str) -> str:
@@ -83,39 +107,68 @@ def rules(keys: Keys, role: AccessRole, redis_major: int = 7) -> list[str]:
     return ["resetkeys", "resetchannels", *patterns, *channels, "-@all", *commands]
 
 
-def user_rules(keys: Keys, role: AccessRole, password: str, redis_major: int = 7) -> list[str]:
-    """Everything ``ACL SETUSER <user>`` takes for ``role``: on, its password's hash, its rules."""
-    return ["reset", "on", f"#{password_hash(password)}", *rules(keys, role, redis_major)]
+def _registry(keys: Keys, role: AccessRole, redis_major: int) -> list[str]:
+    """Every role reads the identity registry; only the admin (all keys) writes it."""
+    if role == "admin":
+        return []
+    return [f"%R~{keys.identities}" if redis_major >= 7 else f"~{keys.identities}"]
 
 
-def acl_file(keys: Keys, passwords: dict[AccessRole, str], redis_major: int = 7) -> str:
-    """An ACL file (``aclfile``) with a user per role and the default user turned off."""
+def user_rules(keys: Keys, user: User, redis_major: int = 7) -> list[str]:
+    """Everything ``ACL SETUSER <user>`` takes: on, its password's hash, its role's rules."""
+    return [
+        "reset",
+        "on",
+        f"#{user.password_hash}",
+        *rules(keys, user.role, redis_major),
+        *_registry(keys, user.role, redis_major),
+    ]
+
+
+def acl_file(keys: Keys, users: Sequence[User], redis_major: int = 7) -> str:
+    """An ACL file (``aclfile``) with ``users`` and the default user turned off."""
     # Off, so nobody logs in as it; but with every right, because Redis before 8 replays the
     # transactions of its append-only file (every script's writes) as the default user, and drops
     # those it may not run (redis/redis#14541): without them, a restart would lose every job.
     lines = ["user default off allkeys allchannels +@all"]
-    for role in ROLES:
-        rules_of = user_rules(keys, role, passwords[role], redis_major)
-        lines.append(" ".join(["user", user_name(keys, role), *rules_of]))
+    lines.extend(" ".join(["user", user.name, *user_rules(keys, user, redis_major)]) for user in users)
     return "\n".join(lines) + "\n"
 
 
 def commands(
-    keys: Keys, passwords: dict[AccessRole, str], redis_major: int = 7, disable_default: bool = True
+    keys: Keys, users: Sequence[User], redis_major: int = 7, disable_default: bool = True
 ) -> list[list[str]]:
-    """The ``ACL SETUSER`` commands that make the roles on a running Redis (and turn off the default
+    """The ``ACL SETUSER`` commands that make ``users`` on a running Redis (and turn off the default
     user last, once the admin exists)."""
-    made = [
-        ["ACL", "SETUSER", user_name(keys, role), *user_rules(keys, role, passwords[role], redis_major)]
-        for role in ROLES
-    ]
+    made = [["ACL", "SETUSER", user.name, *user_rules(keys, user, redis_major)] for user in users]
     return [*made, ["ACL", "SETUSER", "default", "off"]] if disable_default else made
 
 
-def apply(redis: Redis, keys: Keys, passwords: dict[AccessRole, str], disable_default: bool = True) -> None:
-    """Make the roles on ``redis`` (whose connection must be allowed ACL SETUSER)."""
-    for command in commands(keys, passwords, server_major(redis), disable_default):
+def apply(redis: Redis, keys: Keys, users: Sequence[User], disable_default: bool = True) -> None:
+    """Make ``users`` on ``redis`` (whose connection must be allowed ACL SETUSER)."""
+    for command in commands(keys, users, server_major(redis), disable_default):
         redis.execute_command(*command)  # type: ignore[no-untyped-call]
+
+
+def remove(redis: Redis, names: Sequence[str]) -> None:
+    """Delete these users; Redis cuts their connections with them."""
+    if names:
+        redis.execute_command("ACL", "DELUSER", *names)  # type: ignore[no-untyped-call]
+
+
+def users(redis: Redis) -> list[str]:
+    """The users ``redis`` has (an admin's connection)."""
+    return [name.decode() for name in redis.execute_command("ACL", "USERS")]  # type: ignore[no-untyped-call]
+
+
+def save(redis: Redis) -> bool:
+    """Write the users to Redis's ACL file, so a restart keeps them; False if Redis has none (a user's
+    own, whose users are its admin's to keep) or could not write it."""
+    try:
+        redis.execute_command("ACL", "SAVE")  # type: ignore[no-untyped-call]
+    except ResponseError:
+        return False
+    return True
 
 
 def server_major(redis: Redis) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any, Protocol, cast
 
 from redis import Redis
@@ -44,6 +44,12 @@ class CorruptArtifact(ValueError):
     """A stored archive does not match its recorded size or checksum."""
 
 
+#: Signs an archive a worker stores, given its SHA-256 (hex): the seal it is kept with.
+Sealer = Callable[[str], str]
+#: What a read of an archive a worker stored found: its SHA-256 (hex), and its seal (None: unsealed).
+Sealed = tuple[str, str | None]
+
+
 class ArtifactStore(Protocol):
     def put_inputs(
         self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
@@ -54,18 +60,24 @@ class ArtifactStore(Protocol):
     def discard_inputs(self, job_id: str, upload: str) -> None: ...
 
     def put_outputs(
-        self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        name: str,
+        stream: IO[bytes],
+        pipe: Pipeline | None = None,
+        seal: Sealer | None = None,
     ) -> str: ...
 
-    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> str: ...
+    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str: ...
 
-    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> str: ...
+    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> Sealed: ...
 
     def queue_inputs(self, pipe: Pipeline, job_id: str) -> None: ...
 
     def queue_outputs(self, pipe: Pipeline, job_id: str) -> None: ...
 
-    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> str: ...
+    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> Sealed: ...
 
     def has_bundle(self, digest: str) -> bool: ...
 
@@ -96,20 +108,27 @@ class RedisArtifactStore:
         self._redis.delete(self._keys.staged_inputs(job_id, upload))
 
     def put_outputs(
-        self, job_id: str, attempt: int, name: str, stream: IO[bytes], pipe: Pipeline | None = None
+        self,
+        job_id: str,
+        attempt: int,
+        name: str,
+        stream: IO[bytes],
+        pipe: Pipeline | None = None,
+        seal: Sealer | None = None,
     ) -> str:
-        """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish)."""
-        return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe)
+        """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish).
+        ``seal``: the worker's signature over it, kept with it (a function's result is signed inside)."""
+        return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe, seal)
 
-    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes]) -> str:
-        """Stage an attempt's checkpoint archive (``keep_checkpoint.lua`` makes it the job's)."""
-        return self._put(
-            self._keys.staged_checkpoint(job_id, attempt), CHECKPOINT_ARCHIVE, stream, PENDING_TTL
-        )
+    def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str:
+        """Stage an attempt's checkpoint archive (``keep_checkpoint.lua`` makes it the job's), sealed."""
+        key = self._keys.staged_checkpoint(job_id, attempt)
+        return self._put(key, CHECKPOINT_ARCHIVE, stream, PENDING_TTL, seal=seal)
 
-    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> str:
-        """The job's checkpoint archive into ``dest``; :class:`MissingArtifact` if none was kept."""
-        return self._get(self._keys.checkpoint(job_id), CHECKPOINT_ARCHIVE, dest)
+    def get_checkpoint(self, job_id: str, dest: IO[bytes]) -> Sealed:
+        """The job's checkpoint archive into ``dest``, and its seal; :class:`MissingArtifact` if none
+        was kept."""
+        return self._read(self._keys.checkpoint(job_id), CHECKPOINT_ARCHIVE, dest)
 
     def queue_inputs(self, pipe: Pipeline, job_id: str) -> None:
         """Queue a read of the job's input files whole, for :func:`small_files` (a function's call)."""
@@ -119,8 +138,9 @@ class RedisArtifactStore:
         """Queue a read of the job's outputs whole, for :func:`small_files` (a function's result)."""
         pipe.hgetall(self._keys.outputs(job_id))
 
-    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> str:
-        return self._get(self._keys.outputs(job_id), name, dest)
+    def get_outputs(self, job_id: str, name: str, dest: IO[bytes]) -> Sealed:
+        """The job's output archive ``name`` into ``dest``, and its seal."""
+        return self._read(self._keys.outputs(job_id), name, dest)
 
     def has_bundle(self, digest: str) -> bool:
         """Whether the bundle is stored whole; if so it is kept another :data:`BUNDLE_TTL` from now."""
@@ -139,7 +159,15 @@ class RedisArtifactStore:
         self._redis.expire(key, BUNDLE_TTL)
         return self._get(key, _BUNDLE, dest)
 
-    def _put(self, key: str, name: str, stream: IO[bytes], ttl: int, pipe: Pipeline | None = None) -> str:
+    def _put(
+        self,
+        key: str,
+        name: str,
+        stream: IO[bytes],
+        ttl: int,
+        pipe: Pipeline | None = None,
+        seal: Sealer | None = None,
+    ) -> str:
         digest = hashlib.sha256()
         size = chunks = 0
         own = pipe is None
@@ -154,7 +182,9 @@ class RedisArtifactStore:
                 writes.expire(key, ttl)
                 writes.execute()
         # Written last: a file whose metadata is there is whole.
-        meta = {"size": size, "chunks": chunks, "sha256": digest.hexdigest()}
+        meta: dict[str, Any] = {"size": size, "chunks": chunks, "sha256": digest.hexdigest()}
+        if seal is not None:
+            meta["seal"] = seal(meta["sha256"])
         writes.hset(key, name, json.dumps(meta))
         writes.expire(key, ttl)
         if own:
@@ -162,6 +192,9 @@ class RedisArtifactStore:
         return digest.hexdigest()
 
     def _get(self, key: str, name: str, dest: IO[bytes]) -> str:
+        return self._read(key, name, dest)[0]
+
+    def _read(self, key: str, name: str, dest: IO[bytes]) -> Sealed:
         raw = self._redis.hget(key, name)
         if raw is None:
             raise MissingArtifact(name)
@@ -177,7 +210,8 @@ class RedisArtifactStore:
                 dest.write(chunk)
                 size += len(chunk)
         _check(name, meta, size, digest.hexdigest())
-        return digest.hexdigest()
+        seal = meta.get("seal")
+        return digest.hexdigest(), seal if isinstance(seal, str) else None
 
 
 #: The name of a bundle's one archive inside its hash.

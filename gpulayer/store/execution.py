@@ -127,11 +127,13 @@ Claimed = tuple[list["Claim"], int]
 
 
 class ExecutionStore:
-    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker: str) -> None:
+    def __init__(self, redis: Redis, keys: Keys, scripts: Scripts, worker: str, identity: str = "") -> None:
         self._redis = redis
         self._keys = keys
         self._scripts = scripts
         self.worker = worker
+        #: The worker identity its claims are recorded under: whose signature their results need.
+        self.identity = identity
         self.rq_name = keys.rq_worker_name(worker)
         self._jobs_key = keys.worker_jobs(worker)
         self._worker_key = keys.rq_worker(worker)
@@ -158,6 +160,7 @@ class ExecutionStore:
             request.slots,
             request.memory,
             request.lease_ms,
+            self.identity,
         ]
         for queue in request.queues:
             args.extend(queue.args)

@@ -336,6 +336,7 @@ class JobStore:
             state=fields.read("gl_state", JobState, JobState.FAILED),
             attempt=fields.read("gl_attempt", int, 0),
             worker=self._keys.worker_display_name(worker) if worker else None,
+            identity=fields.text("gl_identity"),
             exit_code=fields.read("gl_exit_code", int, None),
             reason=fields.text("gl_reason"),
             reason_code=fields.read("gl_reason_code", _REASON_CODE.validate_python, None),

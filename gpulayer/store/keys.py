@@ -50,6 +50,10 @@ class Keys:
         #: Where the keys of API tokens and browser sessions live: apart from the rest (``#`` is never
         #: in a prefix), so Redis's users can give them to the HTTP server and the admin only.
         self.auth = f"{prefix}#auth:"
+        #: Hash of identity names → each machine's identity record, signed by the admin (JSON): whose
+        #: signatures on results and archives are accepted. Apart from the rest, so the admin alone
+        #: writes it (on Redis 7 every other role may only read it).
+        self.identities = f"{prefix}#identities"
         #: Hash of API token names → the SHA-256 of each token (its record's key).
         self.tokens = f"{self.auth}tokens"
         #: Channel a token's name is published on when it is revoked (open websockets close).

@@ -8,7 +8,7 @@ import dataclasses
 from redis import Redis
 
 from ..settings import Settings
-from ..signing import Keyring
+from ..signing import Identities, Keyring
 from .artifacts import RedisArtifactStore
 from .execution import ExecutionStore
 from .gangs import GangStore
@@ -16,6 +16,7 @@ from .jobs import JobStore
 from .keys import Keys
 from .logs import LogStore
 from .queues import QueueStore
+from .registry import IdentityRegistry
 from .scripts import Scripts
 from .telemetry import TelemetryStore
 from .tokens import TokenStore
@@ -35,11 +36,14 @@ class Stores:
     tokens: TokenStore
     telemetry: TelemetryStore
     gangs: GangStore
+    registry: IdentityRegistry
 
     @classmethod
     def open(cls, redis: Redis, settings: Settings, keyring: Keyring | None = None) -> Stores:
-        """The stores of ``settings.prefix``'s installation; ``keyring`` signs what is submitted."""
+        """The stores of ``settings.prefix``'s installation; ``keyring`` signs what is submitted and
+        checks the identities of workers."""
         keys = Keys(settings.prefix)
+        checker = keyring.identity_verify if keyring else None
         scripts = Scripts(redis, keys, settings)
         return cls(
             redis=redis,
@@ -53,8 +57,9 @@ class Stores:
             tokens=TokenStore(redis, keys),
             telemetry=TelemetryStore(redis, keys, settings.telemetry_interval),
             gangs=GangStore(redis, keys, scripts),
+            registry=IdentityRegistry(redis, keys, Identities(checker) if checker else None),
         )
 
-    def execution(self, worker: str) -> ExecutionStore:
-        """What worker ``worker`` claims, runs and ends jobs through."""
-        return ExecutionStore(self.redis, self.keys, self.scripts, worker)
+    def execution(self, worker: str, identity: str = "") -> ExecutionStore:
+        """What worker ``worker`` claims (as its ``identity``), runs and ends jobs through."""
+        return ExecutionStore(self.redis, self.keys, self.scripts, worker, identity)

@@ -96,6 +96,7 @@ def _worker(name: str, raw: dict[bytes, bytes], usage: dict[bytes, bytes], runni
         last_heartbeat=parse_timestamp(raw.get(b"last_heartbeat")),
         heartbeat=float(raw.get(b"gl_heartbeat", 5.0)),
         address=raw[b"gl_address"].decode() if b"gl_address" in raw else None,
+        identity=raw[b"gl_identity"].decode(errors="replace") if b"gl_identity" in raw else None,
         running=running,
         cpus_used=int(usage.get(b"cpus", 0)),
         memory_used=int(usage.get(b"memory", 0)),

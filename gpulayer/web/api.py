@@ -12,7 +12,7 @@ from werkzeug.datastructures import FileStorage
 
 from ..archive import SPOOL_BYTES
 from ..client import Job
-from ..errors import ArchiveError, OutputNotProduced, TokenError
+from ..errors import ArchiveError, OutputNotProduced, TokenError, UntrustedPayload
 from ..job_options import JobOptions
 from ..models import JobState, Role, plain_name, validation_message
 from ..requirements import Requirements
@@ -228,7 +228,8 @@ def logs(job_id: str) -> Response:
 @api.get("/jobs/<job_id>/outputs")
 @requires("viewer")
 def outputs(job_id: str) -> Response:
-    """The job's outputs, as the gzip-compressed tar archive it stored."""
+    """The job's outputs, as the gzip-compressed tar archive it stored, once found signed by the
+    worker that ran the job (else 502: the server hands on no archive a worker did not sign)."""
     record = client().get(job_id).status()
     if not record.state.is_terminal:
         raise ApiError(409, f"job {job_id} is {record.state.value}; outputs are uploaded when it ends")
@@ -238,6 +239,9 @@ def outputs(job_id: str) -> Response:
     except OutputNotProduced as exc:
         spooled.close()
         raise ApiError(404, str(exc)) from None
+    except UntrustedPayload:
+        spooled.close()
+        raise
     spooled.seek(0)
     return send_file(spooled, mimetype="application/gzip", download_name=f"{job_id}-outputs.tar.gz")
 

@@ -22,6 +22,8 @@ _STATUS: dict[type[errors.GpulayerError], int] = {
     errors.OutputNotProduced: 409,
     errors.Unschedulable: 409,
     errors.ArtifactTooLarge: 413,
+    # What a worker stored and did not sign (or another did): the server hands it on to nobody.
+    errors.UntrustedPayload: 502,
     errors.RedisUnavailable: 503,
 }
 

@@ -21,4 +21,4 @@ def open_worker(access: Access, settings: Settings, **options: Any) -> Worker:
     connection = connect(
         access.redis_url, ca=access.ca, socket_timeout=max(1.0, settings.lease_ttl / 2), retries=0
     )
-    return Worker(connection, settings, keyring=access.keyring, **options)
+    return Worker(connection, settings, keyring=access.keyring, identity=access.identity or "", **options)

@@ -13,7 +13,6 @@ from ..payloads import ERROR, RESULT
 from ..units import format_size
 from .endings import Ending
 from .executors import Key
-from .functions import FunctionRuntime
 from .launches import Launch
 from .output import Tracked
 
@@ -29,9 +28,7 @@ class CallLaunch(Launch):
         function = job.spec.function
         assert function is not None
         assert call is not None
-        functions = runtime(job)
-        if isinstance(functions, Ending):
-            return functions
+        functions = job.context.functions
         folder = job.persist(functions.bundles.folder, function.bundle)
         key = executor_key(job.spec, job.base_env)
         try:
@@ -66,20 +63,6 @@ class CallLaunch(Launch):
                 return dataclasses.replace(ending, reason=f"the call's Python process died ({ending.reason})")
             return ending
         return reply_ending(job, *reply)
-
-
-def runtime(job: JobRunner) -> FunctionRuntime | Ending:
-    """What runs function calls here; or how the job ends, on a worker without the key that signs
-    their results."""
-    functions = job.context.functions
-    if functions is None:
-        reason = (
-            "this worker holds no key to sign results with (its access is not a worker's), "
-            "so it cannot run function calls"
-        )
-        job.system(reason)
-        return Ending(JobState.FAILED, reason=reason)
-    return functions
 
 
 def executor_key(spec: JobSpec, base_env: Mapping[str, str]) -> Key:

@@ -6,8 +6,9 @@ Every command job gets an empty folder of its own beside its working folder, nam
 it runs, the worker archives the folder every ``GPULAYER_CHECKPOINT_INTERVAL`` seconds if anything in
 it changed (names, sizes, modification times), and once more when its processes end; the archive
 becomes the job's only if the attempt still owns the job (``keep_checkpoint.lua``). A later attempt
-finds the folder filled with it before its command starts. For a gang job, node 0's folder is kept,
-and restored on node 0. The job's checkpoint is deleted when the job ends.
+finds the folder filled with it before its command starts, if the worker that ran the attempt which
+kept it signed it (else the attempt starts without it, saying so). For a gang job, node 0's folder is
+kept, and restored on node 0. The job's checkpoint is deleted when the job ends.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from pathlib import Path
 import redis.exceptions
 
 from ..archive import SPOOL_BYTES, folder_manifest
-from ..store.artifacts import ArtifactStore, MissingArtifact
+from ..errors import UntrustedPayload
+from ..signing import ResultSigner, seal_archive
+from ..store.artifacts import CHECKPOINT_ARCHIVE, ArtifactStore, MissingArtifact
 from ..store.execution import Claim, ExecutionStore
 from ..units import format_size
 from ..unpacking import extract
@@ -42,6 +45,8 @@ class CheckpointKeeper:
         claim: Claim,
         store: ExecutionStore,
         artifacts: ArtifactStore,
+        signer: ResultSigner,
+        check: Callable[[str, str, str, str | None], None],
         *,
         interval: float,
         max_bytes: int,
@@ -52,6 +57,9 @@ class CheckpointKeeper:
         self._claim = claim
         self._store = store
         self._artifacts = artifacts
+        self._signer = signer
+        #: Checks the kept archive (job id, name, SHA-256, seal) before it is unpacked.
+        self._check = check
         self._interval = interval
         self._max_bytes = max_bytes
         self._say = say
@@ -65,8 +73,12 @@ class CheckpointKeeper:
         """Fill the folder with the checkpoint an earlier attempt kept, if there is one."""
         with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
             try:
-                self._artifacts.get_checkpoint(self._claim.target, archive)
+                sha256, seal = self._artifacts.get_checkpoint(self._claim.target, archive)
+                self._check(self._claim.target, CHECKPOINT_ARCHIVE, sha256, seal)
             except MissingArtifact:
+                return
+            except UntrustedPayload as exc:
+                self._say(f"the checkpoint folder an earlier attempt kept is not restored: {exc}")
                 return
             size = archive.tell()
             archive.seek(0)
@@ -101,7 +113,13 @@ class CheckpointKeeper:
         with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
             manifest.write(archive)
             archive.seek(0)
-            self._artifacts.put_checkpoint(self._claim.target, self._claim.attempt, archive)
+            claim, signer = self._claim, self._signer
+            self._artifacts.put_checkpoint(
+                claim.target,
+                claim.attempt,
+                archive,
+                lambda sha256: seal_archive(signer, claim.target, claim.attempt, CHECKPOINT_ARCHIVE, sha256),
+            )
         if self._store.keep_checkpoint(self._claim):
             self._kept = signature
 

@@ -1,5 +1,5 @@
 """A job's files on the worker: its source and inputs fetched, checked against its signature and
-unpacked into its folder; its outputs packed and uploaded as it ends."""
+unpacked into its folder; its outputs packed, signed and uploaded as it ends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING
 from ..archive import SPOOL_BYTES, pack_outputs
 from ..errors import ArtifactTooLarge
 from ..models import OutputSummary
-from ..signing import check_file
+from ..signing import check_file, seal_archive
 from ..store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE
 from ..unpacking import extract
 
@@ -57,4 +57,10 @@ def upload_outputs(job: JobRunner) -> tuple[OutputSummary | None, str | None]:
 def _upload(job: JobRunner, archive: IO[bytes]) -> None:
     # From the start on every try; the staged key is overwritten chunk by chunk.
     archive.seek(0)
-    job.context.artifacts.put_outputs(job.job_id, job.claim.attempt, OUTPUTS_ARCHIVE, archive)
+    claim = job.claim
+
+    # For the job users know (a gang job's, from its node 0): what a client downloads and checks.
+    def seal(sha256: str) -> str:
+        return seal_archive(job.context.signer, claim.target, claim.attempt, OUTPUTS_ARCHIVE, sha256)
+
+    job.context.artifacts.put_outputs(job.job_id, claim.attempt, OUTPUTS_ARCHIVE, archive, seal=seal)

@@ -1,5 +1,5 @@
-"""What a worker needs for function jobs: the key it signs their results with, the code bundles
-unpacked on this machine, and its warm executors."""
+"""What a worker needs for function jobs: the code bundles unpacked on this machine, and its warm
+executors."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 from ..archive import SPOOL_BYTES
 from ..bundles import archive_digest
 from ..errors import UntrustedPayload
-from ..signing import SigningKey
 from ..store.artifacts import BUNDLE_TTL, ArtifactStore
 from ..unpacking import extract
 from .executors import ExecutorPool
@@ -105,8 +104,7 @@ def _readable(folder: Path) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FunctionRuntime:
-    """A worker's means to run function jobs; it has none without the key to sign their results."""
+    """A worker's means to run function jobs."""
 
-    result_key: SigningKey
     bundles: CodeBundles
     executors: ExecutorPool

@@ -51,7 +51,8 @@ class LeaseKeeper(threading.Thread):
         self._renewed = time.monotonic()
         self._reachable = True
         self._fenced = False
-        #: Set when another process took over the worker's name: the worker must stop.
+        #: Set when another process took over the worker's name, or Redis refused its user (its
+        #: identity was revoked): the worker must stop.
         self.taken_over = threading.Event()
 
     def run(self) -> None:
@@ -98,6 +99,14 @@ class LeaseKeeper(threading.Thread):
             for job_id in result.lost:
                 log.warning("job %s: its lease went to another worker; stopping it here", job_id)
                 self._stop_job(job_id, "stale")
+        except redis.exceptions.AuthenticationError:
+            log.error(
+                "worker %s: Redis refused its user: identity %s was revoked; stopping every job",
+                self._store.worker,
+                self._store.identity,
+            )
+            self._stop_all("stale")  # its jobs went back to their queues: they run elsewhere now
+            self.taken_over.set()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             self._reachable = False
             silent = time.monotonic() - self._renewed

@@ -15,7 +15,7 @@ from ..network import free_port
 from ..payloads import CALL
 from ..store.execution import Part
 from . import ranks
-from .calling import reply_ending, runtime
+from .calling import reply_ending
 from .endings import Ending
 from .launches import Launch, spawn_failure
 from .output import Tracked
@@ -58,10 +58,7 @@ class PartLaunch(Launch):
         env = {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
         cwd, command = job.workdir, job.spec.command
         if call is not None:
-            prepared = self._prepare_call(job, call)
-            if isinstance(prepared, Ending):
-                return prepared
-            cwd = prepared
+            cwd = self._prepare_call(job, call)
             command = ranks.call_command(job.workdir)
         tracked = self._spawn(job, self._plan(job, env, master, command), cwd)
         if isinstance(tracked, Ending):
@@ -136,17 +133,14 @@ class PartLaunch(Launch):
             pause = min(pause * 2, 0.1)
         return ""
 
-    def _prepare_call(self, job: JobRunner, call: bytes) -> Path | Ending:
+    def _prepare_call(self, job: JobRunner, call: bytes) -> Path:
         """For ranks that call a function: the call written where they read it, and the folder they
-        run in. Or how the job ends."""
+        run in."""
         function = job.spec.function
         assert function is not None
-        functions = runtime(job)
-        if isinstance(functions, Ending):
-            return functions
         with job.processes.reading():  # into the job's folder, which its user could fill with links
             (job.workdir / CALL).write_bytes(call)
-        return job.persist(functions.bundles.folder, function.bundle)
+        return job.persist(job.context.functions.bundles.folder, function.bundle)
 
     def _call_result(self, job: JobRunner, ending: Ending) -> Ending:
         """A function's gang job ends with rank 0's value (stored by node 0), or with the exception

@@ -28,7 +28,7 @@ from ..errors import ArchiveError, UntrustedPayload
 from ..models import ATTEMPT_VARIABLE, CHECKPOINT_VARIABLE, JOB_ID_VARIABLE, JobSpec, JobState, OutputSummary
 from ..payloads import CALL
 from ..settings import Settings
-from ..signing import check_file, sign_result
+from ..signing import ResultSigner, check_file, sign_result
 from ..store.artifacts import ArtifactStore, CorruptArtifact, MissingArtifact, small_files
 from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from . import files
@@ -68,8 +68,13 @@ class Context:
     folders: Folders
     #: Seconds a job's lease holds without renewal: how long a runner keeps retrying Redis.
     lease_ttl: float
-    #: None on a worker without the key to sign results: it cannot run function jobs.
-    functions: FunctionRuntime | None = None
+    functions: FunctionRuntime
+    #: The worker's identity and its own result key: what its results, outputs and checkpoints are
+    #: signed with.
+    signer: ResultSigner
+    #: Checks an archive an earlier attempt of a job stored (job id, archive name, SHA-256, seal):
+    #: :class:`UntrustedPayload` unless the worker that ran that attempt signed it.
+    check_archive: Callable[[str, str, str, str | None], None]
     #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
@@ -181,11 +186,10 @@ class JobRunner:
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
         env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, ATTEMPT_VARIABLE: attempt}
-        functions = self.context.functions
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
         devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
-        if functions is not None and devices:
-            functions.executors.evict(devices, executor_key(self.spec, self.base_env))
+        if devices:
+            self.context.functions.executors.evict(devices, executor_key(self.spec, self.base_env))
         call = None
         if self.spec.function is not None:
             call = small_files(replies[0], [CALL]).get(CALL)
@@ -207,6 +211,8 @@ class JobRunner:
                 self.claim,
                 self.context.store,
                 self.context.artifacts,
+                self.context.signer,
+                self.context.check_archive,
                 interval=self.context.settings.checkpoint_interval,
                 max_bytes=self.context.settings.max_job_bytes,
                 say=self.system,
@@ -371,9 +377,7 @@ class JobRunner:
     def _stage(self, result: tuple[str, bytes]) -> Callable[[Pipeline], object]:
         """Queue a function's result, signed for the job users know and this attempt only."""
         name, payload = result
-        functions = self.context.functions
-        assert functions is not None, "only a worker that can sign results runs calls"
-        signed = sign_result(functions.result_key, self.claim.target, self.claim.attempt, name, payload)
+        signed = sign_result(self.context.signer, self.claim.target, self.claim.attempt, name, payload)
         return lambda pipe: self.context.artifacts.put_outputs(
             self.job_id, self.claim.attempt, name, io.BytesIO(signed), pipe
         )
@@ -403,6 +407,8 @@ def persist(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **k
     while True:
         try:
             return call(*args, **kwargs)
+        except redis.exceptions.AuthenticationError:
+            raise  # its user is gone (revoked): no retry brings it back
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             now = time.monotonic()
             if deadline is None:

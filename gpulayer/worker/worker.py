@@ -47,7 +47,7 @@ from ..inventory import SILENT_BEATS, Offer, WorkerInfo
 from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validation_message
 from ..network import address_towards
 from ..settings import Settings
-from ..signing import Keyring, Verified, check_job
+from ..signing import Keyring, ResultSigner, Verified, check_job
 from ..store.execution import Claim, Claimed, ClaimRequest
 from ..store.gangs import Hold
 from ..store.jobs import parse_spec
@@ -97,7 +97,11 @@ HOLD_TTL_MS = 10_000
 
 class Worker(BaseWorker):
     """Offers ``offer`` (CPU slots, memory, GPUs, labels, frameworks) to this installation's jobs, and
-    runs only those a submitter signed (checked with ``keyring``'s public job key)."""
+    runs only those a submitter signed (checked with ``keyring``'s public job key), as the worker
+    ``identity``, whose result key (``keyring``'s) signs what its jobs leave."""
+
+    #: When its identity stops being valid (from its record: :meth:`check_identity`).
+    _expires: datetime | None = None
 
     def __init__(
         self,
@@ -105,20 +109,20 @@ class Worker(BaseWorker):
         settings: Settings,
         *,
         keyring: Keyring,
+        identity: str,
         name: str,
         offer: Offer,
         workdir: Path | None = None,
         run_as: RunAs | None = None,
         advertise_addr: str | None = None,
     ) -> None:
-        self._stores = stores = Stores.open(connection, settings)
+        self._stores = stores = Stores.open(connection, settings, keyring)
         self.keys = stores.keys
-        self._verifier = keyring.checker()
-        self._verified = Verified()
+        self._verifier, self._verified = keyring.checker(), Verified()
+        self._signer = _signer(identity, keyring)
         self.lease_ttl, self.heartbeat_interval = _timing(settings.lease_ttl, settings.heartbeat)
         self.settings = settings
-        self.display_name = name
-        self.offer = offer
+        self.display_name, self.offer = name, offer
         self.incarnation = uuid.uuid4().hex
         super().__init__(
             queues=[],
@@ -137,7 +141,7 @@ class Worker(BaseWorker):
         self._telemetry: TelemetryReporter | None = None
         self._submitted = False
         self._drained = False  # the last claim took fewer jobs than it asked for: see _try_claim
-        self.store = stores.execution(name)
+        self.store = stores.execution(name, identity)
         self._placer = GangPlacer(
             stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(self.lease_ttl * 1000)
         )
@@ -155,12 +159,12 @@ class Worker(BaseWorker):
         self._wake = threading.Event()
         #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
         self.capacity = offer.slots + len(offer.gpus)
-        self._context = self._make_context(keyring, workdir, run_as)
+        self._context = self._make_context(workdir, run_as)
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
         become_subreaper()
 
-    def _make_context(self, keyring: Keyring, workdir: Path | None, run_as: RunAs | None) -> Context:
+    def _make_context(self, workdir: Path | None, run_as: RunAs | None) -> Context:
         """What the runners share, with the folders jobs run in: with ``run_as``, job folders,
         bundles and the jobs' home are outside the worker's home, which the job user must not enter."""
         settings, name = self.settings, self.display_name
@@ -180,24 +184,42 @@ class Worker(BaseWorker):
             Supervisor(self._write_logs),
             folders,
             self.lease_ttl,
-            self._functions(settings, processes, keyring),
+            self._functions(settings, processes),
+            self._signer,
+            self._check_archive,
             self._next_claim,
             self._took_for_slot,
         )
 
-    def _functions(
-        self, settings: Settings, processes: JobProcesses, keyring: Keyring
-    ) -> FunctionRuntime | None:
-        """Function jobs need the key their results are signed with; without it they fail, saying so."""
-        if keyring.result_key is None:
-            log.warning(
-                "worker %s: its access holds no key to sign results with: function jobs will fail here",
-                self.display_name,
-            )
-            return None
+    def _functions(self, settings: Settings, processes: JobProcesses) -> FunctionRuntime:
         bundles = CodeBundles(self._bundles, self._stores.artifacts, settings.max_source_bytes)
         bundles.prune()
-        return FunctionRuntime(keyring.result_key, bundles, ExecutorPool(processes, self.capacity))
+        return FunctionRuntime(bundles, ExecutorPool(processes, self.capacity))
+
+    def _check_archive(self, job_id: str, name: str, sha256: str, seal: str | None) -> None:
+        """:class:`UntrustedPayload` unless the worker that ran the attempt ``seal`` names signed it."""
+        record = self._stores.jobs.get(job_id)
+        if record is None:
+            raise UntrustedPayload(f"no job {job_id} to check its {name} against")
+        self._stores.registry.check_archive(record, name, sha256, seal)
+
+    def check_identity(self) -> None:
+        """Refuse to run (:class:`ConfigError`) under an identity whose record the registry does not
+        hold, whose key is not this worker's, or that expired: no client would accept what it signs."""
+        name = self._signer.identity
+        found = self._stores.registry.identity(name)
+        if found is None:
+            raise ConfigError(
+                f"worker identity {name!r} is not in the installation's registry: it was revoked, or "
+                "the admin has not published it yet (any `gpulayer access` command there does)"
+            )
+        if found.result_key != self._signer.key.public.text:
+            raise ConfigError(
+                f"this worker's key is not the one identity {name!r} has now: ask for a new token"
+            )
+        if found.expired(datetime.now(timezone.utc)):
+            raise ConfigError(f"worker identity {name!r} expired at {found.expires:%Y-%m-%d %H:%M} UTC")
+        self._expires = found.expires
 
     @property
     def connection_timeout(self) -> int:
@@ -228,6 +250,7 @@ class Worker(BaseWorker):
         fields.update(
             gl_incarnation=self.incarnation,
             gl_name=self.display_name,
+            gl_identity=self._signer.identity,
             gl_offer=self.offer.model_dump_json(),
             gl_heartbeat=self.heartbeat_interval,
             gl_address=self.address,
@@ -409,6 +432,8 @@ class Worker(BaseWorker):
         idle_since = time.monotonic()
         backoff = 1.0
         while not self._stopping:
+            if self._expired():
+                return None
             try:
                 # RQ's own loop does this between jobs; an idle worker does it here.
                 if self.should_run_maintenance_tasks:
@@ -432,6 +457,14 @@ class Worker(BaseWorker):
                 elif max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                     return None
                 self._idle()
+            except redis.exceptions.AuthenticationError:
+                log.error(
+                    "worker %s: Redis refused its user: identity %s was revoked; stopping",
+                    self.display_name,
+                    self._signer.identity,
+                )
+                self._stop_all("stale")  # its jobs went back to their queues: they run elsewhere now
+                return None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 log.error(
                     "worker %s: cannot reach Redis (%s); retrying in %.0f s", self.display_name, exc, backoff
@@ -500,6 +533,20 @@ class Worker(BaseWorker):
         return ClaimRequest(
             self._served.claim_order(), limit, offer.slots, offer.memory, int(self.lease_ttl * 1000)
         )
+
+    def _expired(self) -> bool:
+        """Whether its identity has expired: it then takes no more jobs (what it signs from now on
+        nobody accepts), saying so once."""
+        if self._expires is None or datetime.now(timezone.utc) < self._expires:
+            return False
+        log.error(
+            "worker %s: identity %s expired at %s UTC; it takes no more jobs",
+            self.display_name,
+            self._signer.identity,
+            f"{self._expires:%Y-%m-%d %H:%M}",
+        )
+        self._stop_requested = True
+        return True
 
     @property
     def _stopping(self) -> bool:
@@ -615,6 +662,8 @@ class Worker(BaseWorker):
     def _run_one(self, runner: JobRunner) -> None:
         try:
             runner.run()
+        except redis.exceptions.AuthenticationError:
+            log.error("job %s: left to its lease: Redis refused this worker's user", runner.job_id)
         except Exception as exc:
             log.exception("job %s: the worker failed running it", runner.job_id)
             try:
@@ -761,6 +810,15 @@ def _alive(holder: Holder, host: str) -> bool:
         return False
     silent = (datetime.now(timezone.utc) - holder.last_heartbeat).total_seconds()
     return silent <= holder.heartbeat * SILENT_BEATS
+
+
+def _signer(identity: str, keyring: Keyring) -> ResultSigner:
+    if keyring.result_key is None or not identity:
+        raise ConfigError(
+            "this worker's access is no identity's (a token made before each machine had its own): "
+            "get one with `gpulayer access add worker NAME` on the admin's machine"
+        )
+    return ResultSigner(identity, keyring.result_key)
 
 
 def _timing(lease_ttl: float, heartbeat: float) -> tuple[float, float]:

@@ -193,11 +193,12 @@ end
 
 -- Adds how the current attempt ended to the job's history (gl_attempts, a JSON list).
 local function record_attempt(jobkey, outcome, exit_code, reason, ended_at)
-  local v = redis.call('hmget', jobkey, 'gl_attempt', 'worker_name', 'started_at', 'gl_attempts')
+  local v = redis.call('hmget', jobkey, 'gl_attempt', 'worker_name', 'started_at', 'gl_attempts', 'gl_identity')
   local attempts = decoded(v[4], {})
   attempts[#attempts + 1] = {
     attempt = tonumber(v[1]) or 0,
     worker = (v[2] and v[2] ~= '') and display(v[2]) or cjson.null,
+    identity = v[5] or cjson.null,
     outcome = outcome,
     exit_code = tonumber(exit_code) or cjson.null,
     reason = reason or cjson.null,

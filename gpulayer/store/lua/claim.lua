@@ -7,7 +7,9 @@
 -- KEYS[4] the worker's list of placed gang parts   KEYS[5] the worker's hold
 -- ARGV[1] N   ARGV[2] worker (RQ name)   ARGV[3] now (RQ timestamp)   ARGV[4] CPU slots   ARGV[5] memory
 -- ARGV[6] lease (ms): each claimed job's lease, renewed by the worker's heartbeats
--- ARGV[7..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
+-- ARGV[7] the worker's identity, recorded on each job it takes (gl_identity; a gang part's node 0 also
+--         on its gang job): the only one whose signature its result and outputs are accepted under
+-- ARGV[8..] per queue, five values: queue name, GPUs, CPU slots and memory each job of it needs, and the
 --           worker's GPUs a job of it may use as "uuid=index,uuid=index" (best first)
 -- Returns the number of gang jobs waiting for workers, then, for each claimed job: id, attempt, spec
 -- JSON, queue name, GPU indices ("0,2"), for a gang part "gang job id:node" (else ''), the
@@ -22,6 +24,10 @@ for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
   local v = redis.call('hmget', key(K.job, id), 'gl_state', 'worker_name', 'gl_attempt', 'gl_spec', 'origin',
     'gl_gpus', 'gl_parent', 'gl_node', 'gl_seal')
   if v[1] == 'scheduled' and v[2] == ARGV[2] then
+    redis.call('hset', key(K.job, id), 'gl_identity', ARGV[7])
+    if v[8] == '0' then
+      redis.call('hset', key(K.job, v[7]), 'gl_identity', ARGV[7])
+    end
     out[#out + 1] = id
     for i = 3, 6 do
       out[#out + 1] = v[i]
@@ -41,7 +47,7 @@ local used = redis.call('hmget', KEYS[3], 'cpus', 'memory')
 local cpus_used, memory_used = tonumber(used[1]) or 0, tonumber(used[2]) or 0
 local cpus_total, memory_total = tonumber(ARGV[4]), tonumber(ARGV[5])
 local lease_until = now_ms() + tonumber(ARGV[6])
-for q = 7, #ARGV, 5 do
+for q = 8, #ARGV, 5 do
   local queue = ARGV[q]
   local gpus, cpus, memory = tonumber(ARGV[q + 1]), tonumber(ARGV[q + 2]), tonumber(ARGV[q + 3])
   while want > 0 and cpus_used + cpus <= cpus_total and memory_used + memory <= memory_total do
@@ -99,7 +105,7 @@ for q = 7, #ARGV, 5 do
       end
       set_state(id, jobkey, started and 'running' or 'scheduled')
       redis.call('hset', jobkey, 'gl_attempt', attempt, 'worker_name', ARGV[2], 'gl_scheduled_at', ARGV[3],
-        'gl_gpus', indices,
+        'gl_gpus', indices, 'gl_identity', ARGV[7],
         'gl_gpu_uuids', table.concat(free_uuids, ','), 'gl_cpus', ARGV[q + 2], 'gl_memory', ARGV[q + 3],
         'started_at', started and ARGV[3] or '')
       if started then
