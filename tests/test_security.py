@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -630,3 +631,17 @@ def test_a_batch_jobs_seal_passed_to_another_job_of_the_batch_is_refused(
         assert record.reason == "refused: the job's signature does not match it; it was not run"
     assert not marker.exists()
     assert client.submit_many([["true"]] * 3)[2].wait(WAIT).state is JobState.SUCCEEDED
+
+
+def test_every_test_the_threat_table_names_exists() -> None:
+    """docs/security.md's table says which test tries each attack: a test renamed or removed must take
+    its row with it, or the table promises what nothing checks."""
+    tests = Path(__file__).resolve().parent
+    table = (tests.parent / "docs" / "security.md").read_text().split("## The threat model", 1)[1]
+    named = set(re.findall(r"`(test_[a-z0-9_]+?)(?:\.\.\.)?(?:\[[^\]]*\])?`", table))
+    sources = "\n".join(path.read_text() for path in tests.glob("test_*.py"))
+    defined = set(re.findall(r"^(?:async )?def (test_\w+)", sources, re.M))
+    shortened = {name for name in named if name.endswith("_")}  # `test_no_role_but_the_admin_...[worker]`
+    assert len(named) > 50
+    assert named - shortened <= defined
+    assert all(any(test.startswith(name) for test in defined) for name in shortened)
