@@ -229,10 +229,10 @@ def test_a_job_in_the_stack_reads_none_of_its_workers_credentials(stack: Stack) 
 
 
 def test_the_stacks_redis_speaks_only_tls_and_trusts_its_own_ca(stack: Stack, tmp_path: Path) -> None:
-    # A worker's access as another machine gets it (`access export`), aimed at the port published here.
+    # A worker identity of its own, as another machine gets one (`access add`, as docs/deploy.md runs
+    # it), aimed at the port published here.
     token = stack.compose(
-        "run", "--rm", "-T", "-e", "GPULAYER_HOME=/gpulayer/admin", "--entrypoint", "gpulayer",
-        "init", "access", "export", "worker", "--host", "127.0.0.1",
+        "run", "--rm", "-T", "admin", "access", "add", "worker", "elsewhere", "--host", "127.0.0.1",
     ).split()[-1]  # fmt: skip
     worker = Access.from_token(token)
     port = int(stack.env["GPULAYER_REDIS_PORT"])
