@@ -88,15 +88,19 @@ def rq_throughput(url: str, jobs: int, workers: int, worker_class: str) -> dict[
     return {"submit_ms": submit_ms, "jobs_per_s": jobs / (last - first).total_seconds()}
 
 
-def gpulayer_end_to_end(url: str, home: Path, jobs: int, background: bool = False) -> dict[str, float]:
+def gpulayer_end_to_end(
+    url: str, home: Path, jobs: int, background: bool = False, containment: str = "auto"
+) -> dict[str, float]:
     """What a user's script sees: two workers already running (default slots), ``jobs`` submits
-    in a loop, then a wait on each (``background``: by a client with background submits). With
-    where the CPU went, per job: the workers, the jobs' own processes (`true`: the spawn), Redis,
-    and the client."""
+    in a loop, then a wait on each (``background``: by a client with background submits;
+    ``containment``: the workers' ``--containment``). With where the CPU went, per job: the
+    workers, the jobs' own processes (`true`: the spawn), Redis, and the client."""
     flush(url)
     client = Client(url, settings=Settings(home=home), background_submits=background)
     env = {"GPULAYER_HOME": str(home)}
-    workers = [spawn(gpulayer_worker(url, f"e2e{i}", os.cpu_count() or 1), env=env) for i in range(2)]
+    slots = os.cpu_count() or 1
+    extra = ("--containment", containment)
+    workers = [spawn(gpulayer_worker(url, f"e2e{i}", slots, *extra), env=env) for i in range(2)]
     while len(client.workers()) < 2:
         time.sleep(0.01)
     assert client.submit(["true"]).wait(30).state is JobState.SUCCEEDED  # warm, as the peers are
@@ -277,6 +281,8 @@ def log_delay(url: str, home: Path, lines: int = 100) -> dict[str, float]:
 
 
 PEER = "dramatiq, 2 processes x 4 threads"
+#: GPUlayer's end to end run with its workers' containment off: what a cgroup per job costs.
+NO_CGROUPS = "gpulayer, containment none"
 
 
 def end_to_end_rounds(url: str, home: Path, jobs: int, rounds: int) -> dict[str, dict[str, float] | None]:
@@ -288,6 +294,7 @@ def end_to_end_rounds(url: str, home: Path, jobs: int, rounds: int) -> dict[str,
     systems: dict[str, Callable[[], dict[str, float] | None]] = {
         "gpulayer": lambda: gpulayer_end_to_end(url, home, jobs),
         "gpulayer, background submits": lambda: gpulayer_end_to_end(url, home, jobs, background=True),
+        NO_CGROUPS: lambda: gpulayer_end_to_end(url, home, jobs, containment="none"),
         "rq SimpleWorker": lambda: rq_end_to_end(url, jobs),
         PEER: lambda: dramatiq_end_to_end(url, jobs),
     }
@@ -308,6 +315,11 @@ def end_to_end_rounds(url: str, home: Path, jobs: int, rounds: int) -> dict[str,
             row["vs_dramatiq"] = median(ratios)
         row["rounds"] = len(done)
         summary[name] = row
+    if runs[NO_CGROUPS][0] is not None:
+        # What a cgroup per job costs, each round's runs beside each other.
+        pairs = zip(runs["gpulayer"], runs[NO_CGROUPS], strict=True)
+        costs = [1 - a["jobs_per_s"] / b["jobs_per_s"] for a, b in pairs if a is not None and b is not None]
+        summary["containment cost"] = {"fraction": median(costs), "rounds": len(costs)}
     return summary
 
 
@@ -319,7 +331,7 @@ def print_end_to_end(end_to_end: dict[str, dict[str, float] | None], jobs: int) 
     if end_to_end[PEER] is None:
         print("(Dramatiq not installed: pip install -r benchmarks/requirements.txt)")
     for name, run in end_to_end.items():
-        if run is not None:
+        if run is not None and "jobs_per_s" in run:
             ratio = f"{run['vs_dramatiq']:10.2f}x" if "vs_dramatiq" in run else ""
             print(f"{name:34} {run['submit_ms']:13.3f} {run['jobs_per_s']:8.0f} {ratio}")
     parts = ("worker", "jobs", "redis", "client", "machine")
@@ -328,6 +340,9 @@ def print_end_to_end(end_to_end: dict[str, dict[str, float] | None], jobs: int) 
         if run is not None and "cpu_ms_worker" in run:
             print(f"{name:34} " + "".join(f"{run['cpu_ms_' + part]:9.2f}" for part in parts))
     print("(workers: their processes; jobs: the `true` processes they reaped; machine: all cores' busy time)")
+    cost = end_to_end.get("containment cost")
+    if cost is not None:
+        print(f"\na cgroup per job (containment auto vs none): {cost['fraction']:.1%} of the end to end rate")
 
 
 def print_submits(submits: dict[str, float]) -> None:

@@ -42,6 +42,9 @@ class GPU(BaseModel):
     compute_capability: str | None = None
     #: A device the worker was told to pretend it has (GPULAYER_FAKE_GPUS), for tests and demos.
     simulated: bool = False
+    #: Its device node's minor number (``/dev/nvidia<minor>``), for the device fence; a simulated
+    #: GPU's is its index.
+    minor: int | None = None
 
 
 class Resources(BaseModel):
@@ -78,6 +81,8 @@ class Offer(BaseModel):
     #: Bytes of memory.
     memory: int
     gpus: list[GPU] = Field(default_factory=list)
+    #: How its jobs are contained (cgroups), in words: see `gpulayer workers`.
+    containment: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     frameworks: dict[str, str] = Field(default_factory=dict)
 

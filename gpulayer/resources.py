@@ -119,6 +119,7 @@ def _fake_gpu(index: int, raw: Any, owner: str) -> GPU:
         memory_free=memory,
         compute_capability=entry.compute_capability,
         simulated=True,
+        minor=index,
     )
 
 
@@ -130,6 +131,14 @@ def _json_list(text: str) -> list[Any]:
     if not isinstance(value, list):
         raise ValueError('expected a JSON list like [{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}]')
     return value
+
+
+def _minor(pynvml: Any, handle: Any) -> int | None:
+    """The GPU's ``/dev/nvidia<minor>``: None where NVML cannot say (not on Linux)."""
+    try:
+        return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+    except pynvml.NVMLError:
+        return None
 
 
 def _nvidia() -> tuple[list[GPU], str, str | None, str | None]:
@@ -161,6 +170,7 @@ def _nvidia() -> tuple[list[GPU], str, str | None, str | None]:
                     memory_total=int(memory.total),
                     memory_free=int(memory.free),
                     compute_capability=f"{major}.{minor}",
+                    minor=_minor(pynvml, handle),
                 )
             )
         return gpus, "ok" if gpus else "no NVIDIA GPUs", driver, cuda

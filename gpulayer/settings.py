@@ -82,6 +82,15 @@ def _redis_url_problem(url: str) -> str | None:
     return None
 
 
+def _check_containment(mode: str) -> None:
+    if mode not in CONTAINMENT_MODES:
+        raise ConfigError(f"GPULAYER_CONTAINMENT must be one of {', '.join(CONTAINMENT_MODES)}, not {mode!r}")
+
+
+#: How a worker may contain its jobs (see :class:`Settings`'s ``containment``).
+CONTAINMENT_MODES = ("auto", "cgroup2", "cgroup1", "none")
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """What a client or a worker needs to know besides the job itself.
@@ -123,6 +132,11 @@ class Settings:
     lease_ttl: float = dataclasses.field(default=15.0, metadata=_read(parse_duration, "positive"))
     #: A worker renews every lease it holds this often (seconds): well within ``lease_ttl``.
     heartbeat: float = dataclasses.field(default=5.0, metadata=_read(parse_duration, "positive"))
+    #: How a worker contains its jobs: ``auto`` (cgroup v2 where delegated, else v1, else none),
+    #: ``cgroup2``, ``cgroup1`` or ``none`` (processes followed by session and environment only).
+    containment: str = dataclasses.field(default="auto", metadata=_read(str, check=_check_containment))
+    #: A job's processes and threads may number at most this many (its cgroup's pids limit); 0: no limit.
+    job_pids: int = dataclasses.field(default=4096, metadata=_read(_count, "not negative"))
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

@@ -73,6 +73,7 @@ def workers(as_json: bool, redis_url: str | None) -> None:
             click.echo(f"  gpu {_gpu_line(gpu)}  [{'busy' if gpu.uuid in busy else 'free'}]")
         if not worker.gpus:
             click.echo("  gpus:       none")
+        click.echo(f"  containment: {worker.containment or 'unknown (a worker before 0.4)'}")
         if worker.labels:
             click.echo("  labels:     " + ", ".join(f"{key}={value}" for key, value in worker.labels.items()))
         frameworks = known(worker.frameworks)

@@ -16,7 +16,7 @@ from .. import home as local
 from ..inventory import Offer
 from ..network import redact
 from ..resources import detect
-from ..settings import Settings
+from ..settings import CONTAINMENT_MODES, Settings
 from ..units import format_size
 from ..worker import open_worker
 from ..worker.identity import RunAs, describe
@@ -80,6 +80,12 @@ def _worker_options(command: F) -> F:
             "neither this worker's files nor its environment. Job folders then go in --workdir "
             "(default /var/lib/gpulayer/PREFIX-NAME).",
         ),
+        click.option(
+            "--containment",
+            type=click.Choice(CONTAINMENT_MODES),
+            help="How jobs are contained: a cgroup per job with its limits (cgroup2, cgroup1), none, or "
+            "auto: cgroup v2 where delegated, else v1, else none (default: GPULAYER_CONTAINMENT, else auto).",
+        ),
         click.option("--burst", is_flag=True, help="Exit once the queues are empty and running jobs ended."),
         click.option(
             "--replace",
@@ -113,6 +119,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         kill_grace_seconds=options["kill_grace"],
         lease_ttl=options["lease_ttl"],
         heartbeat=options["heartbeat"],
+        containment=options["containment"],
     )
     access = access or accesses.resolve(settings.redis_url, settings.home, roles=("worker",))
     click.get_current_context().meta[URL_KEY] = redact(access.redis_url)
@@ -144,6 +151,10 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         format_size(worker.offer.memory),
         gpus or f"none ({found.nvml})",
     )
+    if worker.offer.containment and worker.offer.containment.startswith("none"):
+        log.warning("containment: %s", worker.offer.containment)
+    else:
+        log.info("containment: %s", worker.offer.containment)
     worker.check_identity()
     worker.check_name(replace=options["replace"])
     _say_who_jobs_run_as(run_as)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..models import JobSpec, JobState
 from ..payloads import ERROR, RESULT
 from ..units import format_size
 from .endings import Ending
-from .executors import Key
+from .executors import Executor, Key
 from .launches import Launch
 from .output import Tracked
 
@@ -32,10 +33,7 @@ class CallLaunch(Launch):
         folder = job.persist(functions.bundles.folder, function.bundle)
         key = executor_key(job.spec, job.base_env)
         try:
-            if function.fresh_process:
-                executor = functions.executors.start(key, job.base_env, folder)
-            else:
-                executor = functions.executors.acquire(key, job.base_env, folder)
+            executor = _executor(job, key, folder)
         except OSError as exc:
             reason = f"cannot start a Python process for the call: {exc.strerror}"
             job.system(reason)
@@ -51,7 +49,7 @@ class CallLaunch(Launch):
                 reply = executor.receive()
             except (EOFError, OSError):
                 returncode = job.processes.reap(executor.process)
-        job.clean_up(executor if reply is not None and reply[0].get("children") else None)
+        job.clean_up(executor, children=reply is not None and bool(reply[0].get("children")))
         keep = reply is not None and job.stopped is None and not function.fresh_process
         functions.executors.release(executor, keep=keep)
         if job.stopped in ("requeue", "stale"):
@@ -63,6 +61,28 @@ class CallLaunch(Launch):
                 return dataclasses.replace(ending, reason=f"the call's Python process died ({ending.reason})")
             return ending
         return reply_ending(job, *reply)
+
+
+def _executor(job: JobRunner, key: Key, folder: Path) -> Executor:
+    """An executor for the call, its cgroup held to the job's limits: a warm one, unless it already
+    uses more memory than this job may (it is stopped), or the call asks for a fresh process."""
+    executors = job.context.functions.executors
+    function = job.spec.function
+    assert function is not None
+    if not function.fresh_process:
+        executor = executors.acquire(key, job.base_env, folder)
+        try:
+            job.contain(executor.box)
+            return executor
+        except OSError:
+            executors.release(executor, keep=False)
+    executor = executors.start(key, job.base_env, folder)
+    try:
+        job.contain(executor.box)
+    except OSError:
+        executors.release(executor, keep=False)
+        raise
+    return executor
 
 
 def executor_key(spec: JobSpec, base_env: Mapping[str, str]) -> Key:

@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from .cgroups import Box, Containment
 from .executor import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
 
@@ -38,18 +39,23 @@ class Key:
 class Executor:
     """One executor process, its two pipes, and its output (read by the job's runner)."""
 
-    def __init__(self, processes: JobProcesses, key: Key, env: Mapping[str, str], cwd: Path) -> None:
+    def __init__(
+        self, processes: JobProcesses, key: Key, env: Mapping[str, str], cwd: Path, box: Box
+    ) -> None:
         self.key = key
         self.idle_since = time.monotonic()
         self._processes = processes
+        #: Its cgroup of its own (it outlives each job): each call's job holds it to its limits.
+        self.box = box
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
         command = [sys.executable, "-c", _MAIN, str(request_read), str(reply_write)]
         try:
-            self.process = processes.spawn(command, cwd, env, pass_fds=(request_read, reply_write))
+            self.process = processes.spawn(command, cwd, env, pass_fds=(request_read, reply_write), box=box)
         except OSError:
             os.close(request_write)
             os.close(reply_read)
+            box.release()
             raise
         finally:
             os.close(request_read)
@@ -92,14 +98,16 @@ class Executor:
             if stream is not None:
                 stream.close()
         self._processes.reap(self.process)
+        self.box.release()
 
 
 class ExecutorPool:
     """Idle executors by key. ``acquire`` takes a warm one or starts one; ``release`` keeps it or not."""
 
-    def __init__(self, processes: JobProcesses, limit: int) -> None:
+    def __init__(self, processes: JobProcesses, limit: int, containment: Containment) -> None:
         self._processes = processes
         self._limit = limit
+        self._containment = containment
         self._lock = threading.Lock()
         self._idle: list[Executor] = []
 
@@ -122,7 +130,8 @@ class ExecutorPool:
 
     def start(self, key: Key, env: Mapping[str, str], cwd: Path) -> Executor:
         """A new executor for ``key``, started in ``cwd`` with ``env``."""
-        return Executor(self._processes, key, {**env, "PYTHONUNBUFFERED": "1"}, cwd)
+        env = {**env, "PYTHONUNBUFFERED": "1"}
+        return Executor(self._processes, key, env, cwd, self._containment.executor_box())
 
     def release(self, executor: Executor, *, keep: bool) -> None:
         """Keep ``executor`` warm for the next job of its key, or stop it; the longest idle go when

@@ -41,9 +41,8 @@ class Launch:
 class CommandLaunch(Launch):
     def start(self, job: JobRunner, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
         try:
-            process = job.processes.spawn(
-                job.spec.command, job.workdir, {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
-            )
+            env = {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
+            process = job.processes.spawn(job.spec.command, job.workdir, env, box=job.contain())
         except OSError as exc:
             code, reason = spawn_failure(job.spec.command[0], exc)
             job.system(reason)

@@ -85,9 +85,10 @@ class PartLaunch(Launch):
         """Start them all, or none: one that cannot start stops those started before it."""
         first = self._part.node * self._gang.procs_per_node
         tracked: list[Tracked] = []
+        box = job.contain()
         for rank, argv, rank_env in plan:
             try:
-                process = job.processes.spawn(argv, cwd, rank_env, die_with_worker=True)
+                process = job.processes.spawn(argv, cwd, rank_env, die_with_worker=True, box=box)
             except OSError as exc:
                 for started in tracked:
                     signal_tree(started.pid, signal.SIGKILL)

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ import psutil
 
 from ..models import JOB_ID_VARIABLE
 from . import spawning
+from .cgroups import Box
 from .identity import RunAs
 from .spawning import Started
 
@@ -47,18 +48,28 @@ def spawn(
     die_with_worker: bool = False,
     options: Mapping[str, Any] | None = None,
     executable: str | None = None,
+    enter: Callable[[], None] | None = None,
 ) -> Started:
     """Start ``command`` (no shell) as the leader of a new session, so its whole tree can be signalled.
     ``die_with_worker``: SIGKILL it if the worker dies (Linux), as a gang job's ranks must not run on
     unsupervised. ``options``: more of Popen's (the user to run as). ``executable``: where its program
-    is, if known (see :class:`Programs`). A plain start (none of those but ``executable``) goes
-    through ``posix_spawn`` where it can (see :mod:`.spawning`)."""
-    plain = not (pass_fds or die_with_worker or options)
+    is, if known (see :class:`Programs`). ``enter``: what the child calls first, to enter its cgroup
+    (see :mod:`.cgroups`). A plain start (none of those but ``executable``) goes through
+    ``posix_spawn`` where it can (see :mod:`.spawning`)."""
+    plain = not (pass_fds or die_with_worker or options or enter)
     program = executable or (command[0] if os.sep in command[0] else None)
     if plain and program is not None and spawning.AVAILABLE:
         started = spawning.spawn(program, command, cwd, env)
         if started is not None:
             return started
+    options = dict(options or {})
+    if enter is not None and "user" in options:
+        # Popen changes user before a preexec_fn runs, and the job's user may not move itself into a
+        # cgroup: the child enters it first, then becomes that user.
+        enter = _then_become(enter, options.pop("user"), options.pop("group"), options.pop("extra_groups"))
+    hooks = [
+        hook for hook in (enter, _die_with_parent if die_with_worker and _libc is not None else None) if hook
+    ]
     return subprocess.Popen(
         list(command),
         executable=executable,
@@ -69,10 +80,30 @@ def spawn(
         stderr=subprocess.PIPE,
         start_new_session=True,
         pass_fds=pass_fds,
-        # Safe with threads here: the child makes one system call and takes no lock before exec.
-        preexec_fn=_die_with_parent if die_with_worker and _libc is not None else None,  # noqa: PLW1509
-        **(options or {}),
+        # Safe with threads here: the child makes a few system calls and takes no lock before exec.
+        preexec_fn=_calling(hooks) if hooks else None,  # noqa: PLW1509
+        **options,
     )
+
+
+def _calling(hooks: list[Callable[[], None]]) -> Callable[[], None]:
+    def call() -> None:
+        for hook in hooks:
+            hook()
+
+    return call
+
+
+def _then_become(enter: Callable[[], None], uid: int, gid: int, groups: list[int]) -> Callable[[], None]:
+    """``enter``, then what Popen's ``user``, ``group`` and ``extra_groups`` do, in that order."""
+
+    def hook() -> None:
+        enter()
+        os.setgroups(groups)
+        os.setgid(gid)
+        os.setuid(uid)
+
+    return hook
 
 
 class Programs:
@@ -195,7 +226,9 @@ class JobProcesses:
         env: Mapping[str, str],
         pass_fds: Sequence[int] = (),
         die_with_worker: bool = False,
+        box: Box | None = None,
     ) -> Started:
+        """Start a job's process (see :func:`spawn`) in ``box``, the cgroup of its job or executor."""
         env = {**env, **self._identity}
         # A job run as another user finds its program with that user's rights: by its own search.
         where = None if self.run_as else self._programs.find(command[0], env.get("PATH", ""))
@@ -205,13 +238,14 @@ class JobProcesses:
             self._starting += 1
         process = None
         try:
-            try:
-                process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, where)
-            except FileNotFoundError:
-                if where is None:
-                    raise
-                self._programs.forget()  # it moved since it was found: look the usual way
-                process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options)
+            with box.placing() if box is not None else contextlib.nullcontext() as enter:
+                try:
+                    process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, where, enter)
+                except FileNotFoundError:
+                    if where is None:
+                        raise
+                    self._programs.forget()  # it moved since it was found: look the usual way
+                    process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, None, enter)
         finally:
             with self._lock:
                 if process is not None:
@@ -237,26 +271,28 @@ class JobProcesses:
 
     def kill_strays(self, job_id: str) -> int:
         """SIGKILL and reap this worker's children that belong to ``job_id`` and lead no job: what the
-        job left running, re-parented here (see :func:`become_subreaper`). Returns how many."""
+        job left running, re-parented here (see :func:`become_subreaper`); reap any that already died.
+        Returns how many were killed."""
         killed = 0
         with self._lock:
             # A process just started, not yet a leader, would pass for a stray.
             self._started.wait_for(lambda: not self._starting)
             # An orphan is handed to the subreaper's main thread: only its children need a look.
             for pid in _children(os.getpid(), main_thread_only=True) - self._leaders:
+                signalled = False
                 try:
                     process = psutil.Process(pid)
-                    if (
-                        process.status() != psutil.STATUS_ZOMBIE
-                        and process.environ().get(JOB_ID_VARIABLE) != job_id
-                    ):
-                        continue
-                    process.send_signal(signal.SIGKILL)
+                    if process.status() != psutil.STATUS_ZOMBIE:
+                        if process.environ().get(JOB_ID_VARIABLE) != job_id:
+                            continue
+                        process.send_signal(signal.SIGKILL)
+                        signalled = True
                 except psutil.Error:
                     pass
+                # A zombie is only reaped: what killed it (its job's cgroup) counted it.
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(pid, 0)
-                    killed += 1
+                    killed += signalled
         return killed
 
 

@@ -31,8 +31,10 @@ from ..settings import Settings
 from ..signing import ResultSigner, check_file, sign_result
 from ..store.artifacts import ArtifactStore, CorruptArtifact, MissingArtifact, small_files
 from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
+from ..units import format_size
 from . import files
 from .calling import executor_key
+from .cgroups import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .endings import Ending, StopReason
@@ -75,6 +77,9 @@ class Context:
     #: Checks an archive an earlier attempt of a job stored (job id, archive name, SHA-256, seal):
     #: :class:`UntrustedPayload` unless the worker that ran that attempt signed it.
     check_archive: Callable[[str, str, str, str | None], None]
+    #: How the worker contains its jobs, and what each job may use (from what it asked for).
+    containment: Containment
+    limits: Callable[[JobSpec, Claim], Limits]
     #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
@@ -109,6 +114,11 @@ class JobRunner:
         #: Set once the job's work is done and only its end is being recorded: the worker's spread
         #: delay does not count it as busy (its caller may already be submitting the next job).
         self.ending = False
+        #: Where the job's processes run (see :meth:`contain`), held to ``limits``; what they used.
+        self.box: Box = NO_BOX
+        self._own_box = False
+        self.limits = Limits()
+        self.used: Usage | None = None
 
     @property
     def job_id(self) -> str:
@@ -151,6 +161,8 @@ class JobRunner:
             ending = Ending(JobState.FAILED, reason=f"refused: {exc}; it was not run")
             self.system(ending.reason or "")
         finally:
+            if self._own_box:
+                self.box.release()
             # Before the job ends: its slot is not free until its folders are gone.
             if folder:
                 self.context.folders.remove(self.workdir)
@@ -228,6 +240,17 @@ class JobRunner:
         """Beside the job's folder, not in it: a listing or an output pattern of the job's own files
         does not meet it (the worker's leftovers sweep does: same suffix)."""
         return self.workdir.with_name(CHECKPOINT_PREFIX + self.workdir.name)
+
+    def contain(self, box: Box | None = None) -> Box:
+        """Put the job's processes from now on in ``box`` (default: a cgroup of the job's own), held to
+        what the job asked for. :class:`OSError` (EBUSY) if what already runs in ``box`` uses more
+        memory than the job may."""
+        self.limits = self.context.limits(self.spec, self.claim)
+        if box is None:
+            box, self._own_box = self.context.containment.box(), True
+        box.limit(self.limits)
+        self.box = box
+        return box
 
     def command(self, tracked: list[Tracked], *, outputs: bool = True) -> Ending | None:
         """Follow the job's processes to their end, then upload its outputs (if this runner holds
@@ -318,13 +341,18 @@ class JobRunner:
         for leader in leaders:
             signal_tree(leader, sig)
 
-    def clean_up(self, executor: Executor | None = None) -> None:
-        """Kill what the job left running: under the executor that says it has children, and
-        anywhere else it went."""
-        strays = executor.kill_children() if executor is not None and executor.alive else 0
+    def clean_up(self, executor: Executor | None = None, children: bool = False) -> None:
+        """Kill what the job left running: everything in its cgroup (but the ``executor`` it ran in),
+        under the executor that says it has ``children``, and anywhere else it went; then read what
+        it used."""
+        alive = executor is not None and executor.alive
+        strays = self.box.sweep((executor.process.pid,) if executor is not None and alive else ())
+        if executor is not None and alive and children:
+            strays += executor.kill_children()
         strays += self.processes.kill_strays(self.claim.target)
         if strays:
             self.system(f"stopped {strays} process(es) the job left running")
+        self.used = self.box.usage()
 
     def outcome(self, returncode: int, outputs: OutputSummary | None, too_large: str | None) -> Ending:
         code = _shell_code(returncode)
@@ -332,6 +360,8 @@ class JobRunner:
             return Ending(JobState.CANCELLED, code, "cancelled", outputs)
         if self._stop == "timeout":
             return Ending(JobState.TIMED_OUT, code, f"timed out after {self.spec.timeout:g} s", outputs)
+        if returncode != 0 and self.box.out_of_memory():
+            return Ending(JobState.FAILED, code, self._over_memory(), outputs)
         if returncode < 0:
             return Ending(
                 JobState.FAILED, code, f"killed by signal {signal.Signals(-returncode).name}", outputs
@@ -345,6 +375,12 @@ class JobRunner:
                 JobState.FAILED, code, "output not produced: " + ", ".join(outputs.missing), outputs
             )
         return Ending(JobState.SUCCEEDED, code, None, outputs)
+
+    def _over_memory(self) -> str:
+        size = format_size(self.limits.memory or 0)
+        if self.spec.requirements.memory:
+            return f"used more than its {size} of memory"
+        return f"used more than the {size} of memory free on its worker (ask for more with --memory)"
 
     def _end(self, ending: Ending, seconds: float) -> None:
         state, reason = ending.state, ending.reason

@@ -245,6 +245,15 @@ class Supervisor:
         os.set_blocking(self._wake_read, False)
         self._follower.selector.register(self._wake_read, selectors.EVENT_READ, (None, None, "wake"))
 
+    def start(self) -> None:
+        """Start following (on the first :meth:`follow`, unless called before): the worker calls it
+        from its main thread, as a thread is born in the cgroups of the thread that starts it, and a
+        slot thread's are its job's (see :mod:`.cgroups`)."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="gpulayer-supervisor", daemon=True)
+                self._thread.start()
+
     def follow(self, watch: Watch, first: float = 0.0) -> Watch:
         """Follow ``watch``'s processes to their end: for up to ``first`` seconds from the calling
         thread, then, unless they ended, from the supervisor's; ``done`` is set once they are seen
@@ -255,9 +264,7 @@ class Supervisor:
             if self._closing:
                 raise RuntimeError("the worker's supervisor has stopped")
             self._arrivals.append(watch)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="gpulayer-supervisor", daemon=True)
-                self._thread.start()
+        self.start()
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_write, b".")
         return watch

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import psutil
 import redis.exceptions
@@ -54,6 +54,7 @@ from ..store.jobs import parse_spec
 from ..store.stores import Stores
 from ..store.workers import Holder
 from .calling import CallLaunch
+from .cgroups import Containment, Limits, Mode, open_containment
 from .endings import StopReason
 from .executors import ExecutorPool
 from .folders import Folders, remove_folder
@@ -122,6 +123,8 @@ class Worker(BaseWorker):
         self._signer = _signer(identity, keyring)
         self.lease_ttl, self.heartbeat_interval = _timing(settings.lease_ttl, settings.heartbeat)
         self.settings = settings
+        self._containment = _contain(settings, name, offer)
+        offer = offer.model_copy(update={"containment": self._containment.describe()})
         self.display_name, self.offer = name, offer
         self.incarnation = uuid.uuid4().hex
         super().__init__(
@@ -187,6 +190,8 @@ class Worker(BaseWorker):
             self._functions(settings, processes),
             self._signer,
             self._check_archive,
+            self._containment,
+            self._limits,
             self._next_claim,
             self._took_for_slot,
         )
@@ -194,7 +199,25 @@ class Worker(BaseWorker):
     def _functions(self, settings: Settings, processes: JobProcesses) -> FunctionRuntime:
         bundles = CodeBundles(self._bundles, self._stores.artifacts, settings.max_source_bytes)
         bundles.prune()
-        return FunctionRuntime(bundles, ExecutorPool(processes, self.capacity))
+        return FunctionRuntime(bundles, ExecutorPool(processes, self.capacity, self._containment))
+
+    def _limits(self, spec: JobSpec, claim: Claim) -> Limits:
+        """What a job may use: the memory it asked for (else what no other running job holds), its CPU
+        slots as a CPU quota, the pids limit, and none of this machine's GPUs but its own."""
+        memory = spec.requirements.memory
+        if not memory:
+            with self._lock:
+                held = sum(
+                    runner.spec.requirements.memory
+                    for runner in self._runners.values()
+                    if runner.claim is not claim
+                )
+            memory = max(self.offer.memory - held, 0) or self.offer.memory
+        minors = {
+            gpu.index: gpu.minor for gpu in self.offer.gpus if gpu.kind == "cuda" and gpu.minor is not None
+        }
+        denied = frozenset(minor for index, minor in minors.items() if index not in claim.gpus)
+        return Limits(memory, spec.requirements.cpus, self.settings.job_pids, denied)
 
     def _check_archive(self, job_id: str, name: str, sha256: str, seal: str | None) -> None:
         """:class:`UntrustedPayload` unless the worker that ran the attempt ``seal`` names signed it."""
@@ -273,9 +296,11 @@ class Worker(BaseWorker):
         """Take over this name at once: a previous process under it (a machine that rebooted) gives
         its jobs back to their queues, and its registration is replaced."""
         moved = self.store.requeue("lost", f"worker {self.display_name} restarted; its previous run is gone")
-        # Job folders a previous process under this name left behind belong to jobs it no longer holds.
+        # Job folders a previous process under this name left behind belong to jobs it no longer holds;
+        # so do the processes in its cgroups.
         for folder in self.workdir.glob(f"*{JOB_FOLDER_SUFFIX}"):
             remove_folder(folder)
+        self._containment.clear_leftovers()
         if moved:
             log.warning(
                 "worker %s: a previous run held %d job(s); they are back in their queues",
@@ -330,6 +355,7 @@ class Worker(BaseWorker):
             self._stores.telemetry, self.display_name, self.offer.gpus, self._busy_gpus, self._activity
         )
         self._telemetry.start()
+        self._context.supervisor.start()
         self._refresh_queues()
 
     def unsubscribe(self) -> None:
@@ -791,7 +817,19 @@ class Worker(BaseWorker):
         self._context.folders.close()
         if self._context.functions is not None:
             self._context.functions.executors.close()
+        self._containment.close()
         super().teardown()  # type: ignore[no-untyped-call]
+
+
+def _contain(settings: Settings, name: str, offer: Offer) -> Containment:
+    """How this worker contains its jobs (``settings.containment``): :class:`ConfigError` if a mode
+    asked for by name cannot be had here."""
+    try:
+        return open_containment(cast(Mode, settings.containment), name, offer.memory)
+    except OSError as exc:
+        raise ConfigError(
+            f"GPULAYER_CONTAINMENT={settings.containment}: not available here: {exc.strerror}"
+        ) from None
 
 
 def _alive(holder: Holder, host: str) -> bool:
