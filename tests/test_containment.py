@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +84,22 @@ def test_a_daemon_that_left_its_session_and_environment_ends_with_its_job(
     finally:
         if not _gone(daemon):
             os.kill(daemon, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("mode", ["cgroup1", "cgroup2"])
+def test_a_job_run_as_another_user_is_contained_too(client: Client, workers: Workers, mode: str) -> None:
+    area = Path(tempfile.mkdtemp(prefix="gpulayer-area-", dir="/tmp"))  # the job user passes through
+    try:
+        workers.start("w1", 1, "--containment", mode, "--run-as", "nobody", "--workdir", str(area))
+        script = "id -u; setsid env -i sh -c 'exec sleep 300' & echo daemon $!; sleep 0.3"
+        record = client.submit(["sh", "-c", script]).wait(WAIT)
+        assert record.state is JobState.SUCCEEDED, record.reason
+        lines = [line.text for line in client.get(record.id).logs()]
+        assert lines[0] == str(pwd.getpwnam("nobody").pw_uid)
+        daemon = int(next(line.split()[1] for line in lines if line.startswith("daemon")))
+        assert _gone(daemon), "the daemon outlived its job"
+    finally:
+        shutil.rmtree(area, ignore_errors=True)
 
 
 def test_without_containment_the_same_daemon_escapes_which_is_what_the_cgroup_fixes(
