@@ -279,7 +279,10 @@ def open_containment(mode: Mode, worker: str, memory: int) -> Containment:
     name cannot be had."""
     if mode == "none":
         return Containment("turned off")
-    mounts, own = _mounts(), _own_cgroups()
+    try:
+        mounts, own = _mounts(), _own_cgroups()
+    except OSError:  # no /proc: not Linux
+        mounts, own = {}, {}
     # Two processes may briefly hold one worker name (one is refused, or replaced): their own pid keeps
     # them apart. What a dead one left goes at :meth:`Containment.clear_leftovers`.
     name = f"gpulayer-{_safe(worker)}-{os.getpid()}"
@@ -417,6 +420,7 @@ class SlotBoxV1(Box):
         self._member = _member_v1("pids", folders["pids"])
         #: The worker's own threads that live here (the slot thread): spared by every sweep.
         self._residents: set[int] = set()
+        self._worker_cpu = 0.0
         kept = {
             "count": folders["pids"] / "pids.current",
             "peak": folders["memory"] / "memory.max_usage_in_bytes",
@@ -449,6 +453,7 @@ class SlotBoxV1(Box):
         os.pwrite(self._fds["peak"], b"0", 0)
         os.pwrite(self._fds["cpu"], b"0", 0)
         self._ooms = self._oom_kills()
+        self._worker_cpu = time.thread_time()
 
     def _set(self, controller: str, name: str, value: str) -> None:
         """Write a limit only when it changes: most jobs of a slot ask for the same."""
@@ -473,8 +478,12 @@ class SlotBoxV1(Box):
         return kill_listed(self._folders["pids"] / "cgroup.procs", keep, self._member)
 
     def usage(self) -> Usage:
+        """From the thread that wrote the limits: the slot thread's own time for the job (its Redis
+        calls, the job's files) is counted here too, and taken out."""
         cpu = int(os.pread(self._fds["cpu"], 64, 0)) / 1e9
-        return Usage(cpu, int(os.pread(self._fds["peak"], 64, 0)))
+        if self._residents:
+            cpu -= time.thread_time() - self._worker_cpu
+        return Usage(max(cpu, 0.0), int(os.pread(self._fds["peak"], 64, 0)))
 
     def out_of_memory(self) -> bool:
         before, self._ooms = self._ooms, self._oom_kills()

@@ -162,6 +162,9 @@ class JobRunner:
             self.system(ending.reason or "")
         finally:
             if self._own_box:
+                # Its processes end here even if following them failed (Redis gone for a lease):
+                # the slot's next job must not start beside them.
+                self.box.sweep()
                 self.box.release()
             # Before the job ends: its slot is not free until its folders are gone.
             if folder:

@@ -103,6 +103,9 @@ class Worker(BaseWorker):
 
     #: When its identity stops being valid (from its record: :meth:`check_identity`).
     _expires: datetime | None = None
+    _submitted = False
+    #: The last claim took fewer jobs than it asked for: see :meth:`_try_claim`.
+    _drained = False
 
     def __init__(
         self,
@@ -122,10 +125,8 @@ class Worker(BaseWorker):
         self._verifier, self._verified = keyring.checker(), Verified()
         self._signer = _signer(identity, keyring)
         self.lease_ttl, self.heartbeat_interval = _timing(settings.lease_ttl, settings.heartbeat)
-        self.settings = settings
-        self._containment = _contain(settings, name, offer)
-        offer = offer.model_copy(update={"containment": self._containment.describe()})
-        self.display_name, self.offer = name, offer
+        self.settings, self.display_name = settings, name
+        self._containment, self.offer = _contain(settings, name, offer)
         self.incarnation = uuid.uuid4().hex
         super().__init__(
             queues=[],
@@ -135,15 +136,15 @@ class Worker(BaseWorker):
             maintenance_interval=MAINTENANCE_INTERVAL,
         )
         self._served = ServedQueues(
-            WorkerInfo(**offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state=""),
+            WorkerInfo(
+                **self.offer.model_dump(), name=name, host=self.hostname or "", pid=os.getpid(), state=""
+            ),
             REFRESH_INTERVAL,
         )
         self._refreshing = threading.Lock()
         self._listener: Listener | None = None
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
-        self._submitted = False
-        self._drained = False  # the last claim took fewer jobs than it asked for: see _try_claim
         self.store = stores.execution(name, identity)
         self._placer = GangPlacer(
             stores.gangs, stores.workers, name=name, hold=_hold(settings), lease_ms=int(self.lease_ttl * 1000)
@@ -161,7 +162,7 @@ class Worker(BaseWorker):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         #: At most one job per CPU slot plus one per GPU runs at once (GPU jobs hold no CPU slot by default).
-        self.capacity = offer.slots + len(offer.gpus)
+        self.capacity = self.offer.slots + len(self.offer.gpus)
         self._context = self._make_context(workdir, run_as)
         self._pool = ThreadPoolExecutor(max_workers=self.capacity, thread_name_prefix="gpulayer-slot")
         self._next_suspension_check = 0.0
@@ -821,11 +822,12 @@ class Worker(BaseWorker):
         super().teardown()  # type: ignore[no-untyped-call]
 
 
-def _contain(settings: Settings, name: str, offer: Offer) -> Containment:
-    """How this worker contains its jobs (``settings.containment``): :class:`ConfigError` if a mode
-    asked for by name cannot be had here."""
+def _contain(settings: Settings, name: str, offer: Offer) -> tuple[Containment, Offer]:
+    """How this worker contains its jobs (``settings.containment``), and its offer saying so:
+    :class:`ConfigError` if a mode asked for by name cannot be had here."""
     try:
-        return open_containment(cast(Mode, settings.containment), name, offer.memory)
+        containment = open_containment(cast(Mode, settings.containment), name, offer.memory)
+        return containment, offer.model_copy(update={"containment": containment.describe()})
     except OSError as exc:
         raise ConfigError(
             f"GPULAYER_CONTAINMENT={settings.containment}: not available here: {exc.strerror}"
