@@ -308,9 +308,35 @@ def trainer(target: Target, timeout: float, precision: str, compile: bool) -> Ou
 
 
 #: The checks, in the order they run (what `--only` takes).
-NAMES = ("detect", "up", "job_sees_its_gpu", "second_job_waits", "telemetry", "remote", "gang_gloo",
+NAMES = ("detect", "up", "job_sees_its_gpu", "devices_fenced", "second_job_waits", "telemetry", "remote", "gang_gloo",
          "gang_nccl", "fractional", "down", "trainer_fp32", "trainer_bf16", "trainer_16_mixed",
          "trainer_compile")  # fmt: skip
+
+
+def devices_fenced(target: Target, hub: Hub, timeout: float) -> Outcome:
+    """Where the worker fences GPU devices (cgroup v1's devices controller): a job holding no GPU
+    cannot open the GPU's device node, and one holding it can (and computes on it: job_sees_its_gpu)."""
+    worker = hub.client.workers()[0]
+    containment = worker.containment or "unknown"
+    if target.rehearsal or "GPU devices fenced" not in containment:
+        return Outcome("not supported", f"no device fence to try here (containment: {containment})")
+    minor = next((gpu.minor for gpu in worker.gpus if gpu.uuid == target.gpu.uuid), None)
+    node = f"/dev/nvidia{target.gpu.index if minor is None else minor}"
+    seen = {}
+    for gpus in (0, 1):
+        job = hub.submit("devices", gpus=gpus, cpus=1, timeout=job_timeout(timeout / 2))
+        record = job.wait(timeout / 2)
+        reports = said(job)
+        if record.state is not JobState.SUCCEEDED or not reports:
+            return Outcome("fail", f"the {gpus}-GPU job ended {record.state.value}", {"log": log_tail(job)})
+        seen[gpus] = reports[0]["devices"]
+    problems = []
+    if seen[0].get(node) != "EPERM":
+        problems.append(f"a job holding no GPU opened {node}: {seen[0].get(node)}")
+    if seen[1].get(node) != "opened":
+        problems.append(f"the job holding GPU {target.gpu.index} could not open {node}: {seen[1].get(node)}")
+    passed = f"{node}: EPERM for a job without a GPU, opened by the job holding it ({containment})"
+    return judged(problems, passed, {"without_gpu": seen[0], "with_gpu": seen[1]})
 
 
 def checks(target: Target, hub: Hub) -> list[Check]:
@@ -337,6 +363,7 @@ def checks(target: Target, hub: Hub) -> list[Check]:
         Check("detect", lambda timeout: detect(target, hub, timeout), 60),
         Check("up", hub.up, 90, hub=True),
         Check("job_sees_its_gpu", on_hub(sees_its_gpu), 120, hub=True),
+        Check("devices_fenced", on_hub(devices_fenced), 90, hub=True),
         Check("second_job_waits", on_hub(second_waits), 90, hub=True),
         Check("telemetry", on_hub(telemetry), 90, hub=True),
         Check("remote", on_hub(remote), 120, hub=True),

@@ -96,6 +96,22 @@ def gang(device: str, backend: str) -> None:
     os._exit(0)
 
 
+def devices() -> None:
+    """Whether each NVIDIA GPU device node opens here: "opened", or the error's name (EPERM: the
+    job's device cgroup refused it)."""
+    import errno
+    import glob
+
+    opened: dict[str, str] = {}
+    for node in sorted(glob.glob("/dev/nvidia[0-9]*")):
+        try:
+            os.close(os.open(node, os.O_RDWR))
+            opened[node] = "opened"
+        except OSError as exc:
+            opened[node] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+    say(env=_environment(), devices=opened)
+
+
 def cuda_sum(n: int, device: str) -> dict[str, Any]:
     """The sum of the squares below ``n``, computed on ``device``, and what the call ran on."""
     import torch
@@ -107,7 +123,7 @@ def cuda_sum(n: int, device: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["see", "hold", "load", "gang"])
+    parser.add_argument("mode", choices=["see", "hold", "load", "gang", "devices"])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
@@ -118,6 +134,8 @@ def main() -> None:
         hold(args.device, args.seconds)
     elif args.mode == "load":
         load(args.device, args.seconds)
+    elif args.mode == "devices":
+        devices()
     else:
         gang(args.device, args.backend)
 
