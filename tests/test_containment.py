@@ -8,6 +8,7 @@ unless GPULAYER_CGROUP_TESTS=required (as CI sets it): then they must run.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -26,7 +27,7 @@ import pytest
 
 import gpulayer as gl
 from gpulayer import Client, JobState
-from gpulayer.worker.cgroups import NVIDIA_MAJOR, open_containment
+from gpulayer.worker.cgroups import NVIDIA_MAJOR, Limits, open_containment
 from tests.conftest import WAIT, Workers, wait_for
 
 
@@ -310,3 +311,32 @@ def test_a_containment_that_cannot_be_had_stops_the_worker_with_one_line(
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1].startswith("Error: ")
     assert "GPULAYER_CONTAINMENT must be one of auto, cgroup2, cgroup1, none" in done.stderr
+
+
+def test_a_warm_executor_holding_more_than_a_calls_limit_refuses_it_so_a_fresh_one_is_started() -> None:
+    """What a call's job may use is written to its executor's cgroup: below what the executor already
+    holds, the kernel refuses it (EBUSY), and the worker starts a fresh executor for the call."""
+    containment = open_containment("cgroup1", "executor-limit", 2 << 30)
+    box = containment.executor_box()
+    try:
+        with box.placing():
+            holder = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "import sys; x = bytearray(b'1') * (300 << 20); print(1, flush=True); sys.stdin.read()",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+        assert holder.stdout is not None
+        holder.stdout.readline()
+        box.limit(Limits(memory=400 << 20))  # above what it holds: taken
+        with pytest.raises(OSError, match="busy") as refused:
+            box.limit(Limits(memory=100 << 20))
+        assert refused.value.errno == errno.EBUSY
+        assert holder.poll() is None  # refused, not killed
+    finally:
+        box.release()
+        containment.close()
+    assert holder.wait(10) == -signal.SIGKILL
