@@ -15,6 +15,7 @@ from .endings import Ending
 from .executors import Key
 from .launches import Launch
 from .output import Tracked
+from .usage import ExecutorMeter
 
 if TYPE_CHECKING:
     from .runner import JobRunner
@@ -40,6 +41,7 @@ class CallLaunch(Launch):
             reason = f"cannot start a Python process for the call: {exc.strerror}"
             job.system(reason)
             return Ending(JobState.FAILED, reason=reason)
+        job.measure(ExecutorMeter(executor.process.pid))
         with contextlib.suppress(BrokenPipeError):  # a dead executor shows as its exit, below
             executor.send({"env": env}, call)
         tracked = Tracked(executor.process)
@@ -50,7 +52,7 @@ class CallLaunch(Launch):
             try:
                 reply = executor.receive()
             except (EOFError, OSError):
-                returncode = job.processes.reap(executor.process)
+                returncode = job.processes.reap(executor.process, job.meter)
         job.clean_up(executor if reply is not None and reply[0].get("children") else None)
         keep = reply is not None and job.stopped is None and not function.fresh_process
         functions.executors.release(executor, keep=keep)

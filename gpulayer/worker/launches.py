@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..models import JobState
 from .endings import Ending
 from .output import Tracked
+from .usage import LeadersMeter
 
 if TYPE_CHECKING:
     from .runner import JobRunner
@@ -40,6 +41,7 @@ class Launch:
 
 class CommandLaunch(Launch):
     def start(self, job: JobRunner, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
+        job.measure(LeadersMeter())
         try:
             process = job.processes.spawn(
                 job.spec.command, job.workdir, {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
