@@ -142,3 +142,26 @@ def test_each_workers_telemetry_counts_the_processes_its_jobs_run(client: Client
     wait_for(lambda: counted() == 3, what="a sample counting the shell and its two sleeps")
     job.cancel()
     wait_for(lambda: counted() == 0, what="a sample once the job's processes are gone")
+
+
+def test_a_gang_jobs_usage_adds_up_its_nodes_cpu_and_keeps_the_largest_nodes_peak(
+    client: Client, workers: Workers
+) -> None:
+    workers.start("ga", 1)
+    workers.start("gb", 1)
+    # Rank 1 holds 150 MiB, rank 0 80 MiB; each burns 0.3 s of CPU.
+    text = (
+        "import os, time\n"
+        "data = b'x' * ((150 if os.environ['RANK'] == '1' else 80) << 20)\n"
+        "start = time.process_time()\n"
+        "while time.process_time() - start < 0.3:\n"
+        "    pass\n"
+    )
+    record = client.submit([sys.executable, "-c", text], nodes=2).wait(60)
+    assert record.state is JobState.SUCCEEDED
+    usage = record.usage
+    assert usage is not None
+    assert usage.cpu_seconds >= 0.6
+    assert usage.peak_memory is not None
+    assert 150 * MiB <= usage.peak_memory < 220 * MiB  # the larger node's, not both added up
+    assert record.attempts[-1].usage == usage
