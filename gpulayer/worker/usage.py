@@ -98,14 +98,31 @@ class ExecutorMeter:
     def _cpu(self) -> float | None:
         """The executor's CPU time so far, with its reaped children's; None once it is gone."""
         try:
-            times = psutil.Process(self._pid).cpu_times()
-        except psutil.Error:
+            return _proc_cpu(self._pid) if _PROC else _psutil_cpu(self._pid)
+        except (OSError, ValueError, IndexError, psutil.Error):
             return None
-        return float(times.user + times.system + times.children_user + times.children_system)
+
+
+#: Linux's /proc: read directly, a call's meter costs a third of what psutil's reads do.
+_PROC = sys.platform.startswith("linux")
+_TICKS = os.sysconf("SC_CLK_TCK") if _PROC else 100
+
+
+def _proc_cpu(pid: int) -> float:
+    """utime + stime + cutime + cstime of ``/proc/<pid>/stat`` (fields 14 to 17), in seconds."""
+    fields = _read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
+    return sum(int(field) for field in fields[11:15]) / _TICKS
+
+
+def _psutil_cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system + times.children_user + times.children_system)
 
 
 def _reset_peak(pid: int) -> bool:
     """Reset ``pid``'s peak resident set to what it holds now (Linux 4.0 and later); whether it was."""
+    if not _PROC:
+        return False
     try:
         fd = os.open(f"/proc/{pid}/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
     except OSError:
@@ -122,13 +139,20 @@ def _reset_peak(pid: int) -> bool:
 def _peak(pid: int) -> int | None:
     """``pid``'s peak resident set (bytes) since it was last reset; None if it cannot be read."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        status = _read(f"/proc/{pid}/status")
+        start = status.index(b"VmHWM:") + len(b"VmHWM:")
+        return int(status[start : status.index(b"kB", start)]) * 1024
+    except (OSError, ValueError):
         return None
-    return None
+
+
+def _read(path: str) -> bytes:
+    """A small file of /proc, in one read (its files here are under a page or two)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 16384)
+    finally:
+        os.close(fd)
 
 
 def wait(process: Started) -> tuple[int, resource.struct_rusage | None]:
