@@ -8,6 +8,7 @@ import json
 import os
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from flask.testing import FlaskClient
 
 import gpulayer as gl
 from gpulayer import Client, JobState
+from gpulayer.inventory import GPU
+from gpulayer.worker.usage import GpuMemory
 
 from .conftest import Workers, auth, wait_for
 
@@ -165,3 +168,44 @@ def test_a_gang_jobs_usage_adds_up_its_nodes_cpu_and_keeps_the_largest_nodes_pea
     assert usage.peak_memory is not None
     assert 150 * MiB <= usage.peak_memory < 220 * MiB  # the larger node's, not both added up
     assert record.attempts[-1].usage == usage
+
+
+def test_a_job_on_simulated_gpus_has_no_peak_gpu_memory(client: Client, workers: Workers) -> None:
+    workers.start("fake", 1, "--fake-gpus", json.dumps([{"name": "NVIDIA A100", "memory_gb": 80}]))
+    record = client.submit(["sleep", "1.2"], gpus=1).wait(30)
+    assert record.state is JobState.SUCCEEDED
+    assert record.usage is not None
+    assert record.usage.peak_gpu_memory is None
+    assert record.usage.peak_memory is not None
+    fake = GPU(index=0, kind="cuda", name="A100", uuid="GPU-fake", memory_total=80 << 30, simulated=True)
+    assert GpuMemory.open([fake]) is None
+
+
+def test_gpu_memory_counts_only_the_jobs_processes_on_the_jobs_gpus() -> None:
+    """NVML's answer per GPU, as pynvml gives it (pure logic: no GPU here)."""
+
+    class NVMLError(Exception):
+        pass
+
+    seen = {
+        "gpu0": [
+            types.SimpleNamespace(pid=10, usedGpuMemory=3 * MiB),
+            types.SimpleNamespace(pid=99, usedGpuMemory=MiB),
+        ],
+        "gpu1": [
+            types.SimpleNamespace(pid=11, usedGpuMemory=None),
+            types.SimpleNamespace(pid=12, usedGpuMemory=5 * MiB),
+        ],
+    }
+
+    def processes(handle: str) -> list[types.SimpleNamespace]:
+        if handle == "lost":
+            raise NVMLError("GPU is lost")
+        return seen[handle]
+
+    nvml = types.SimpleNamespace(NVMLError=NVMLError, nvmlDeviceGetComputeRunningProcesses=processes)
+    gauge = GpuMemory(nvml, {0: "gpu0", 1: "gpu1", 2: "lost"})
+    assert gauge.used([0, 1], {10, 11, 12}) == 8 * MiB  # not pid 99, another job's
+    assert gauge.used([0], {12}) == 0  # pid 12 holds memory on GPU 1 only
+    assert gauge.used([2], {10}) is None  # nothing could be read
+    assert gauge.used([1, 2], {12}) == 5 * MiB
