@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import types
@@ -69,7 +70,9 @@ def test_a_commands_cpu_time_and_peak_memory_are_on_its_record_status_and_api(
 
     shown = json.loads(cli("status", job.id, "--json").output)
     assert shown["usage"] == usage.model_dump(mode="json")
-    assert "s CPU, peak memory 1" in cli("status", job.id).output
+    assert re.search(
+        r"^usage: +\d+\.\d\d s CPU, peak memory 1\d\d\.\d MiB$", cli("status", job.id).output, re.M
+    )
     api = http.get(f"/api/v1/jobs/{job.id}", headers=auth(tokens["viewer"])).json
     assert api is not None
     assert api["usage"] == shown["usage"]
