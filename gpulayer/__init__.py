@@ -53,7 +53,17 @@ from .errors import (
 )
 from .functions import FunctionHandle, RemoteFunction, connect, remote
 from .inventory import GPU, Resources, WorkerInfo
-from .models import Attempt, Distributed, GangPart, JobRecord, JobSpec, JobState, LogLine, OutputSummary
+from .models import (
+    Attempt,
+    Distributed,
+    GangPart,
+    JobRecord,
+    JobSpec,
+    JobState,
+    JobUsage,
+    LogLine,
+    OutputSummary,
+)
 from .placement import Plan, Reason
 from .requirements import Requirements
 from .settings import Settings
@@ -97,6 +107,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "JobTimedOut",
+    "JobUsage",
     "LogLine",
     "OutputNotProduced",
     "OutputSummary",

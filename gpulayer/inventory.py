@@ -148,3 +148,5 @@ class Telemetry(BaseModel):
     memory_used: int
     memory_total: int
     gpus: list[GpuSample] = Field(default_factory=list)
+    #: Processes of the worker's jobs running now (its warm executors too): all its descendants.
+    task_processes: int | None = None

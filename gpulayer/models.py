@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -19,6 +19,8 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     field_validator,
     model_validator,
 )
@@ -340,6 +342,29 @@ ReasonCode = Literal["worker_lost"]
 WORKER_LOST: ReasonCode = "worker_lost"
 
 
+class JobUsage(BaseModel):
+    """What one attempt of a job used, as its worker measured it when it ended (docs/jobs.md says
+    how, for each kind of job)."""
+
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
+
+    #: CPU time its processes spent, user and system together (s).
+    cpu_seconds: float = Field(ge=0)
+    #: The most memory (resident set, bytes) one of its processes held at once; None where unknown.
+    peak_memory: int | None = Field(default=None, ge=0)
+    #: The most GPU memory (bytes) its processes held at once on its GPUs, sampled about once a
+    #: second through NVML; None without NVML (simulated GPUs) or without GPUs.
+    peak_gpu_memory: int | None = Field(default=None, ge=0)
+
+
+def _usage_or_none(value: object, handler: ValidatorFunctionWrapHandler) -> JobUsage | None:
+    """A stored usage that cannot be read shows as unknown: the attempt it belongs to still reads."""
+    try:
+        return cast(JobUsage | None, handler(value))
+    except ValidationError:
+        return None
+
+
 class Attempt(BaseModel):
     """How one attempt of a job ended: on which worker, with what exit code, and why."""
 
@@ -352,6 +377,8 @@ class Attempt(BaseModel):
     reason: str | None = None
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    #: What it used, where its worker measured it (not for a lost or returned attempt).
+    usage: Annotated[JobUsage | None, WrapValidator(_usage_or_none)] = None
 
 
 class GangPart(BaseModel):
@@ -385,6 +412,9 @@ class JobRecord(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     outputs: OutputSummary | None
+    #: What its latest attempt that ended used (a gang job's: its nodes' CPU time added up, the
+    #: largest of their peaks).
+    usage: JobUsage | None = None
     #: GPUs it holds (or held), in nvidia-smi numbering on its worker.
     gpus: list[int] = Field(default_factory=list)
     #: Every attempt that has ended, oldest first.

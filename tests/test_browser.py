@@ -235,6 +235,10 @@ def test_log_lines_arrive_on_the_job_page_as_the_job_prints_them(
     expect(lines.last).to_have_class(re.compile(r"\bstderr\b"))
     expect(page.get_by_test_id("log-status")).to_have_text("ended · succeeded")
     expect(page.get_by_test_id("job-state")).to_have_text("succeeded")
+    # What it used, as its worker measured it.
+    expect(page.get_by_test_id("job-cpu")).to_have_text(re.compile(r"^\d+\.\d\d s$"))
+    expect(page.get_by_test_id("job-peak-memory")).to_have_text(re.compile(r"^\d+(\.\d)? (KiB|MiB)$"))
+    expect(page.get_by_test_id("job-peak-gpu-memory")).to_have_count(0)  # no GPU
     shot()
 
 
@@ -304,9 +308,10 @@ def test_the_activity_page_charts_the_samples_and_the_theme_toggle_is_remembered
 ) -> None:
     log_in(page, stack.tokens["admin"])
     page.get_by_test_id("nav-activity").click()
-    for chart in ("chart-active", "chart-cpu", "chart-gpu"):
+    for chart in ("chart-active", "chart-cpu", "chart-gpu", "chart-tasks"):
         expect(page.get_by_test_id(chart).locator("path.line").first).to_be_attached()
     expect(page.get_by_test_id("chart-cpu").locator(".legend")).to_contain_text("gpu-box")
+    expect(page.get_by_test_id("chart-tasks").locator(".legend")).to_contain_text("gpu-box")
     five_minutes = page.get_by_test_id("span").get_by_role("button", name="5m", exact=True)
     five_minutes.click()
     expect(five_minutes).to_have_attribute("aria-pressed", "true")

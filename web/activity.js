@@ -1,5 +1,5 @@
 // The activity page: the last hour (or 15 or 5 minutes) of the installation (jobs by state, queue depths) and of each
-// worker's machine (CPU, memory, GPU use), redrawn as samples arrive.
+// worker's machine (CPU, memory, GPU use, the processes its jobs run), redrawn as samples arrive.
 
 import { TimeChart } from "./charts.js";
 import { debounced, h, queueName } from "./dom.js";
@@ -19,6 +19,7 @@ export function mountActivity(root) {
     cpu: new TimeChart({ title: "CPU use by worker", max: 100, format: pct, testid: "chart-cpu" }),
     memory: new TimeChart({ title: "Memory use by worker", max: 100, format: pct, testid: "chart-memory" }),
     gpu: new TimeChart({ title: "GPU use by worker (mean of its GPUs)", max: 100, format: pct, testid: "chart-gpu" }),
+    tasks: new TimeChart({ title: "Task processes by worker", integer: true, format: count, testid: "chart-tasks" }),
   };
   const notice = h("div", { class: "banner", testid: "activity-notice", hidden: true });
   let span = SPANS[localStorage.getItem(SPAN)] ? localStorage.getItem(SPAN) : "1h";
@@ -76,7 +77,7 @@ export function mountActivity(root) {
     const names = Object.keys(telemetry.workers).sort();
     const perWorker = (value, only = () => true) =>
       names.filter((name) => only(telemetry.workers[name])).map((name) => ({ name, points: telemetry.workers[name].map((s) => [s.time, value(s)]) }));
-    for (const chart of [charts.cpu, charts.memory, charts.gpu]) chart.gap = telemetry.gap;
+    for (const chart of [charts.cpu, charts.memory, charts.gpu, charts.tasks]) chart.gap = telemetry.gap;
     charts.cpu.update({ from, to, series: perWorker((s) => s.cpu_percent) });
     charts.memory.update({ from, to, series: perWorker((s) => (s.memory_total ? (100 * s.memory_used) / s.memory_total : null)) });
     const gpuUse = (s) => {
@@ -85,6 +86,8 @@ export function mountActivity(root) {
     };
     const hasGpus = (list) => list.some((s) => s.gpus.length);
     charts.gpu.update({ from, to, series: perWorker(gpuUse, hasGpus), note: names.length ? "No worker has GPUs" : null });
+    // A worker older than the count sends none: it draws no line rather than a false zero.
+    charts.tasks.update({ from, to, series: perWorker((s) => s.task_processes ?? null) });
   }
 
   // The time axis moves on even when no sample comes.

@@ -114,7 +114,18 @@ function facts(job) {
     item("Ended", exact(job.ended_at)),
     item("Duration", jobDuration(job)),
     job.retry_at ? item("Retry at", exact(job.retry_at)) : null,
+    ...usage(job.usage, item),
   );
+}
+
+/** What the job's latest ended attempt used, as its worker measured it (unknown peaks are left out). */
+function usage(used, item) {
+  if (!used) return [];
+  return [
+    item("CPU time", h("span", { class: "mono", testid: "job-cpu" }, `${used.cpu_seconds.toFixed(2)} s`)),
+    used.peak_memory === null ? null : item("Peak memory", h("span", { class: "mono", testid: "job-peak-memory" }, bytes(used.peak_memory))),
+    used.peak_gpu_memory === null ? null : item("Peak GPU memory", h("span", { class: "mono", testid: "job-peak-gpu-memory" }, bytes(used.peak_gpu_memory))),
+  ];
 }
 
 function table(headings, rows, testid) {

@@ -15,7 +15,8 @@ import click
 
 from ..client import Job
 from ..errors import GpulayerError, WaitTimeout
-from ..models import JobRecord, JobState, Launcher, LogLine, RetryOn
+from ..models import JobRecord, JobState, JobUsage, Launcher, LogLine, RetryOn
+from ..units import format_size
 from . import terminal
 from .app import (
     EXIT_INTERRUPTED,
@@ -300,6 +301,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
         ("ended", record.ended_at),
         ("duration", _elapsed(record)),
         ("outputs", _outputs_text(record)),
+        ("usage", _usage_text(record.usage)),
     ]
     for label, value in fields:
         if value is not None and value != "":
@@ -431,6 +433,18 @@ def _outputs_text(record: JobRecord) -> str | None:
     if record.outputs.missing:
         text += "; not produced: " + ", ".join(record.outputs.missing)
     return text
+
+
+def _usage_text(usage: JobUsage | None) -> str | None:
+    """ "1.52 s CPU, peak memory 151.2 MiB": what is known of it."""
+    if usage is None:
+        return None
+    said = [f"{usage.cpu_seconds:.2f} s CPU"]
+    if usage.peak_memory is not None:
+        said.append(f"peak memory {format_size(usage.peak_memory)}")
+    if usage.peak_gpu_memory is not None:
+        said.append(f"peak GPU memory {format_size(usage.peak_gpu_memory)}")
+    return ", ".join(said)
 
 
 def _one_line(text: str) -> str:

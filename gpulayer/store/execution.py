@@ -15,7 +15,7 @@ from typing import Any, Literal, cast
 from redis import Redis
 from redis.client import Pipeline
 
-from ..models import JobSpec, JobState, OutputSummary, QueueSpec
+from ..models import JobSpec, JobState, JobUsage, OutputSummary, QueueSpec
 from .garbled import readable
 from .keys import Keys
 from .rq_jobs import timestamp
@@ -242,12 +242,14 @@ class ExecutionStore:
         reason: str | None,
         outputs: OutputSummary | None,
         seconds: float,
+        usage: JobUsage | None = None,
         before: Callable[[Pipeline], object] | None = None,
         then: ClaimRequest | None = None,
     ) -> tuple[Finished, Claimed | None]:
         """End the attempt: the job ends, or runs again (a retry on a non-zero exit), or, when the
         attempt no longer owns the job, nothing is written. ``before`` may queue the attempt's last
-        staged outputs, to go in the same round trip. A part of a gang job ends the same way, and the
+        staged outputs, to go in the same round trip; ``usage``, what the attempt used, is kept with
+        it (and for a part, added to its gang job's). A part of a gang job ends the same way, and the
         gang job decides (``unstarted``: the part could not start its ranks). ``then``: claim the next
         jobs in the same round trip, once what this one held is free (what the claim took, else None)."""
         keys = [
@@ -266,6 +268,7 @@ class ExecutionStore:
             timestamp(),
             outputs.model_dump_json() if outputs else "",
             f"{seconds:.6f}",
+            usage.model_dump_json() if usage else "",
         ]
 
         calls = [("finish", keys, args)]

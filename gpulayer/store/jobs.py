@@ -23,6 +23,7 @@ from ..models import (
     JobRecord,
     JobSpec,
     JobState,
+    JobUsage,
     OutputSummary,
     ReasonCode,
 )
@@ -347,6 +348,7 @@ class JobStore:
             started_at=fields.read("started_at", _timestamp, None),
             ended_at=fields.read("ended_at", _timestamp, None),
             outputs=fields.read("gl_outputs", OutputSummary.model_validate_json, None),
+            usage=fields.read("gl_usage", JobUsage.model_validate_json, None),
             gpus=fields.read("gl_gpus", _indices, []),
             attempts=fields.read("gl_attempts", _attempts, []),
             retry_at=fields.read("gl_retry_at", _milliseconds, None),

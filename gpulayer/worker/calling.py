@@ -16,6 +16,7 @@ from .endings import Ending
 from .executors import Executor, Key
 from .launches import Launch
 from .output import Tracked
+from .usage import ExecutorMeter
 
 if TYPE_CHECKING:
     from .runner import JobRunner
@@ -48,7 +49,7 @@ class CallLaunch(Launch):
             try:
                 reply = executor.receive()
             except (EOFError, OSError):
-                returncode = job.processes.reap(executor.process)
+                returncode = job.processes.reap(executor.process, job.meter)
         job.clean_up(executor, children=reply is not None and bool(reply[0].get("children")))
         keep = reply is not None and job.stopped is None and not function.fresh_process
         functions.executors.release(executor, keep=keep)
@@ -72,13 +73,13 @@ def _executor(job: JobRunner, key: Key, folder: Path) -> Executor:
     if not function.fresh_process:
         executor = executors.acquire(key, job.base_env, folder)
         try:
-            job.contain(executor.box)
+            job.contain(ExecutorMeter(executor.process.pid), executor.box)
             return executor
         except OSError:
             executors.release(executor, keep=False)
     executor = executors.start(key, job.base_env, folder)
     try:
-        job.contain(executor.box)
+        job.contain(ExecutorMeter(executor.process.pid), executor.box)
     except OSError:
         executors.release(executor, keep=False)
         raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from ..models import JobState, OutputSummary
+from ..models import JobState, JobUsage, OutputSummary
 
 #: Why a job stops before its command ends by itself.
 StopReason = Literal["cancel", "timeout", "requeue", "stale"]
@@ -25,3 +25,5 @@ class Ending:
     result: tuple[str, bytes] | None = None
     #: A part of a gang job that could not start its ranks: the gang job goes back to wait.
     unstarted: bool = False
+    #: What the job's processes used, stored with its end.
+    usage: JobUsage | None = None

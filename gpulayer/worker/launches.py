@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..models import JobState
 from .endings import Ending
 from .output import Tracked
+from .usage import LeadersMeter
 
 if TYPE_CHECKING:
     from .runner import JobRunner
@@ -42,7 +43,8 @@ class CommandLaunch(Launch):
     def start(self, job: JobRunner, env: dict[str, str], call: bytes | None, announced: str) -> Ending | None:
         try:
             env = {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
-            process = job.processes.spawn(job.spec.command, job.workdir, env, box=job.contain())
+            box = job.contain(LeadersMeter())
+            process = job.processes.spawn(job.spec.command, job.workdir, env, box=box)
         except OSError as exc:
             code, reason = spawn_failure(job.spec.command[0], exc)
             job.system(reason)

@@ -20,6 +20,7 @@ from .endings import Ending
 from .launches import Launch, spawn_failure
 from .output import Tracked
 from .process import signal_tree
+from .usage import LeadersMeter
 
 if TYPE_CHECKING:
     from .runner import JobRunner
@@ -85,7 +86,7 @@ class PartLaunch(Launch):
         """Start them all, or none: one that cannot start stops those started before it."""
         first = self._part.node * self._gang.procs_per_node
         tracked: list[Tracked] = []
-        box = job.contain()
+        box = job.contain(LeadersMeter())
         for rank, argv, rank_env in plan:
             try:
                 process = job.processes.spawn(argv, cwd, rank_env, die_with_worker=True, box=box)

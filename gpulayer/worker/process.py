@@ -18,10 +18,11 @@ from typing import Any
 import psutil
 
 from ..models import JOB_ID_VARIABLE
-from . import spawning
+from . import spawning, usage
 from .cgroups import Box
 from .identity import RunAs
 from .spawning import Started
+from .usage import Meter
 
 #: What a job's processes never inherit from the worker's environment: GPUlayer's own variables (the
 #: Redis URL and its password, an access token, the home with the worker's keys) and Redis's.
@@ -263,8 +264,11 @@ class JobProcesses:
         if self.run_as:
             self.run_as.own(path)
 
-    def reap(self, process: Started) -> int:
-        returncode = process.wait()
+    def reap(self, process: Started, meter: Meter | None = None) -> int:
+        """Wait for a leader to exit and reap it; ``meter`` learns what it used."""
+        returncode, used = usage.wait(process)
+        if meter is not None:
+            meter.reaped(used)
         with self._lock:
             self._leaders.discard(process.pid)
         return returncode

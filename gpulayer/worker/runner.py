@@ -25,7 +25,15 @@ import redis.exceptions
 from redis.client import Pipeline
 
 from ..errors import ArchiveError, UntrustedPayload
-from ..models import ATTEMPT_VARIABLE, CHECKPOINT_VARIABLE, JOB_ID_VARIABLE, JobSpec, JobState, OutputSummary
+from ..models import (
+    ATTEMPT_VARIABLE,
+    CHECKPOINT_VARIABLE,
+    JOB_ID_VARIABLE,
+    JobSpec,
+    JobState,
+    JobUsage,
+    OutputSummary,
+)
 from ..payloads import CALL
 from ..settings import Settings
 from ..signing import ResultSigner, check_file, sign_result
@@ -43,8 +51,9 @@ from .folders import Folders
 from .functions import FunctionRuntime
 from .launches import Launch
 from .output import Tracked
-from .process import JobProcesses, signal_tree
+from .process import JobProcesses, descendants, signal_tree
 from .supervisor import DRAIN, TICK, Supervisor, Watch
+from .usage import GpuMemory, Meter
 
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
@@ -53,6 +62,8 @@ T = TypeVar("T")
 _REDIS_RETRY = 0.5
 #: A runner follows its job's processes itself for this long (s) before the supervisor takes them on.
 FIRST_LOOK = 0.05
+#: Seconds between samples of a job's GPU memory (an NVML call per GPU, and a look at its processes).
+GPU_SAMPLE = 1.0
 #: A cancelled job's processes (and the other ranks of a node where one failed) get this long (s)
 #: after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
@@ -84,6 +95,8 @@ class Context:
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
     took: Callable[[Claimed], None] = lambda claimed: None
+    #: Reads the GPU memory of a job's processes (None: no GPU of this worker can be read).
+    gpu_memory: GpuMemory | None = None
 
 
 class JobRunner:
@@ -119,6 +132,10 @@ class JobRunner:
         self._own_box = False
         self.limits = Limits()
         self.used: Usage | None = None
+        #: What measures the job's processes, once its launch chose one (:meth:`measure`).
+        self.meter: Meter | None = None
+        #: The most GPU memory its processes were seen to hold (sampled while it runs).
+        self._gpu_peak: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -172,7 +189,20 @@ class JobRunner:
                 self.context.folders.remove(self._checkpoint_dir)
         if ending is not None:
             self.ending = True
-            self._end(ending, time.monotonic() - started)
+            self._end(self._measured(ending), time.monotonic() - started)
+
+    def _measured(self, ending: Ending) -> Ending:
+        """``ending`` with what the job used, if it ran anything to measure: as its cgroup counted
+        it, else as its meter did."""
+        if self.used is not None:
+            usage = JobUsage(cpu_seconds=round(self.used.cpu_seconds, 6), peak_memory=self.used.peak_memory)
+        elif self.meter is not None:
+            usage = self.meter.end()
+        else:
+            return ending
+        if self._gpu_peak is not None:
+            usage = usage.model_copy(update={"peak_gpu_memory": self._gpu_peak})
+        return dataclasses.replace(ending, usage=usage)
 
     def _execute(self) -> Ending | None:
         """Run the job; returns how it ended, or None if it was given back or is not ours."""
@@ -244,15 +274,19 @@ class JobRunner:
         does not meet it (the worker's leftovers sweep does: same suffix)."""
         return self.workdir.with_name(CHECKPOINT_PREFIX + self.workdir.name)
 
-    def contain(self, box: Box | None = None) -> Box:
+    def contain(self, meter: Meter, box: Box | None = None) -> Box:
         """Put the job's processes from now on in ``box`` (default: a cgroup of the job's own), held to
-        what the job asked for. :class:`OSError` (EBUSY) if what already runs in ``box`` uses more
-        memory than the job may."""
+        what the job asked for, and measure them: by their cgroup, or where there is none with
+        ``meter``. Before they start. :class:`OSError` (EBUSY) if what already runs in ``box`` uses
+        more memory than the job may."""
         self.limits = self.context.limits(self.spec, self.claim)
         if box is None:
             box, self._own_box = self.context.containment.box(), True
         box.limit(self.limits)
         self.box = box
+        if box is NO_BOX:
+            self.meter = meter
+            meter.begin()
         return box
 
     def command(self, tracked: list[Tracked], *, outputs: bool = True) -> Ending | None:
@@ -310,7 +344,7 @@ class JobRunner:
 
     def _reap(self, tracked: list[Tracked]) -> None:
         for one in tracked:
-            one.returncode = self.processes.reap(one.process)
+            one.returncode = self.processes.reap(one.process, self.meter)
 
     def _oversee(self, watch: Watch) -> None:
         """Until the supervisor has seen the processes through: the timeout, stops and their kill
@@ -318,8 +352,12 @@ class JobRunner:
         timeout = self.spec.timeout or 0.0
         deadline = time.monotonic() + timeout
         kill_at: float | None = None
+        sample_at = time.monotonic()
         while True:
             now = time.monotonic()
+            if now >= sample_at:
+                self._sample_gpu_memory()
+                sample_at = now + GPU_SAMPLE
             if timeout and self._stop is None and now >= deadline:
                 self._stop = "timeout"
                 self.system(f"timed out after {timeout:g} s: stopping the job's processes")
@@ -337,6 +375,19 @@ class JobRunner:
                 return
             if self._checkpoints is not None:
                 self._checkpoints.tick()
+
+    def _sample_gpu_memory(self) -> None:
+        """Note the GPU memory the job's processes hold on its GPUs (a job holding GPUs, on a worker
+        that can read them)."""
+        gauge = self.context.gpu_memory
+        if gauge is None or not self.claim.gpus:
+            return
+        with self._lock:
+            leaders = list(self._leaders)
+        pids = {pid for leader in leaders for pid in (leader, *descendants(leader))}
+        used = gauge.used(self.claim.gpus, pids)
+        if used is not None:
+            self._gpu_peak = max(self._gpu_peak or 0, used)
 
     def _signal_all(self, sig: signal.Signals) -> None:
         with self._lock:
@@ -395,6 +446,7 @@ class JobRunner:
             reason=reason,
             outputs=ending.outputs,
             seconds=seconds,
+            usage=ending.usage,
             before=self._stage(ending.result) if ending.result else None,
             then=self.context.next_claim(),
         )

@@ -16,6 +16,7 @@ import psutil
 from ..inventory import GPU, GpuSample, Telemetry
 from ..models import ActivitySample
 from ..store.telemetry import TelemetryStore
+from .process import descendants
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -112,6 +113,7 @@ class TelemetryReporter(threading.Thread):
                 memory_used=memory.total - memory.available,
                 memory_total=memory.total,
                 gpus=self._probe.sample(self._busy()),
+                task_processes=len(descendants(os.getpid())),
             ),
         )
         if self._store.activity_turn(self._name):

@@ -71,6 +71,7 @@ from .queues import ServedQueues
 from .runner import Context, JobRunner, persist
 from .supervisor import Supervisor
 from .telemetry import TelemetryReporter
+from .usage import GpuMemory
 
 log = logging.getLogger("gpulayer.worker")
 
@@ -195,6 +196,7 @@ class Worker(BaseWorker):
             self._limits,
             self._next_claim,
             self._took_for_slot,
+            GpuMemory.open(self.offer.gpus),
         )
 
     def _functions(self, settings: Settings, processes: JobProcesses) -> FunctionRuntime:
@@ -819,6 +821,8 @@ class Worker(BaseWorker):
         if self._context.functions is not None:
             self._context.functions.executors.close()
         self._containment.close()
+        if self._context.gpu_memory is not None:
+            self._context.gpu_memory.close()
         super().teardown()  # type: ignore[no-untyped-call]
 
 

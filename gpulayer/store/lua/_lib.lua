@@ -191,9 +191,13 @@ local function log_line(id, stream, attempt, text, rank)
   end
 end
 
--- Adds how the current attempt ended to the job's history (gl_attempts, a JSON list).
-local function record_attempt(jobkey, outcome, exit_code, reason, ended_at)
-  local v = redis.call('hmget', jobkey, 'gl_attempt', 'worker_name', 'started_at', 'gl_attempts', 'gl_identity')
+-- Adds how the current attempt ended to the job's history (gl_attempts, a JSON list), with what it
+-- used (``usage``, JSON, from its worker; else what a gang job's parts added up), which is also the
+-- job's usage until its next attempt ends.
+local function record_attempt(jobkey, outcome, exit_code, reason, ended_at, usage)
+  local v = redis.call('hmget', jobkey, 'gl_attempt', 'worker_name', 'started_at', 'gl_attempts', 'gl_identity',
+    'gl_part_usage')
+  usage = usage or v[6]
   local attempts = decoded(v[4], {})
   attempts[#attempts + 1] = {
     attempt = tonumber(v[1]) or 0,
@@ -204,8 +208,33 @@ local function record_attempt(jobkey, outcome, exit_code, reason, ended_at)
     reason = reason or cjson.null,
     started_at = (v[3] and v[3] ~= '') and v[3] or cjson.null,
     ended_at = ended_at,
+    usage = decoded(usage, cjson.null),
   }
   redis.call('hset', jobkey, 'gl_attempts', cjson.encode(attempts))
+  if usage then
+    redis.call('hset', jobkey, 'gl_usage', usage)
+  else
+    redis.call('hdel', jobkey, 'gl_usage')
+  end
+  if v[6] then
+    redis.call('hdel', jobkey, 'gl_part_usage')
+  end
+end
+
+-- Adds what one part of a gang job used to its gang job's attempt (gl_part_usage): CPU time adds up;
+-- a peak is the largest of any node's, as a gang job's requirements are each node's.
+local function add_part_usage(jobkey, text)
+  local part = decoded(text, nil)
+  if not part then
+    return
+  end
+  local sum = decoded(redis.call('hget', jobkey, 'gl_part_usage'), {})
+  sum.cpu_seconds = (tonumber(sum.cpu_seconds) or 0) + (tonumber(part.cpu_seconds) or 0)
+  for _, name in ipairs({'peak_memory', 'peak_gpu_memory'}) do
+    local a, b = tonumber(sum[name]), tonumber(part[name])
+    sum[name] = (a and b and math.max(a, b)) or a or b or cjson.null
+  end
+  redis.call('hset', jobkey, 'gl_part_usage', cjson.encode(sum))
 end
 
 -- Gives back what a job holds on its worker: its GPUs (only those it still holds), its CPU slots and
@@ -480,7 +509,7 @@ end
 -- One part of a gang job (one worker's ranks) ended: 'succeeded', 'failed', 'timed_out',
 -- 'cancelled', 'lost', 'returned' or 'unstarted'. Its worker's resources are free at once. The first
 -- part that did not succeed stops all the others (fail-fast); the last part to end ends the job.
-local function part_ends(part, partkey, outcome, exit_code, reason, now_text)
+local function part_ends(part, partkey, outcome, exit_code, reason, now_text, usage)
   local v = redis.call('hmget', partkey, 'gl_parent', 'gl_attempt', 'worker_name')
   detach(part, partkey)
   redis.call('hset', partkey, 'gl_state', outcome)
@@ -490,6 +519,9 @@ local function part_ends(part, partkey, outcome, exit_code, reason, now_text)
   local p = redis.call('hmget', jobkey, 'gl_state', 'gl_attempt')
   if (p[1] ~= 'scheduled' and p[1] ~= 'running') or p[2] ~= v[2] then
     return
+  end
+  if usage then
+    add_part_usage(jobkey, usage)
   end
   if outcome ~= 'succeeded' then
     local where = reason and reason ~= '' and reason or outcome

@@ -7,6 +7,7 @@
 -- ARGV[1] job id   ARGV[2] worker (RQ name)   ARGV[3] attempt   ARGV[4] state (for a part of a gang job,
 -- also 'unstarted': it could not start its ranks)   ARGV[5] exit code or ''
 -- ARGV[6] reason or ''   ARGV[7] now (RQ timestamp)   ARGV[8] outputs summary JSON or ''   ARGV[9] seconds run
+-- ARGV[10] what the attempt used (JobUsage JSON) or ''
 -- Returns 1 when the job ended, 2 when it will run again, 0 when this attempt lost the job (nothing
 -- is written).
 local held = owns(KEYS[1], ARGV[2], ARGV[3])
@@ -27,10 +28,10 @@ if parent then
   if ARGV[8] ~= '' then
     redis.call('hset', key(K.job, parent), 'gl_outputs', ARGV[8])
   end
-  part_ends(ARGV[1], KEYS[1], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  part_ends(ARGV[1], KEYS[1], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[10] ~= '' and ARGV[10] or nil)
   return 1
 end
-record_attempt(KEYS[1], ARGV[4], ARGV[5], ARGV[6] ~= '' and ARGV[6] or nil, ARGV[7])
+record_attempt(KEYS[1], ARGV[4], ARGV[5], ARGV[6] ~= '' and ARGV[6] or nil, ARGV[7], ARGV[10] ~= '' and ARGV[10] or nil)
 if ARGV[4] == 'failed' and ARGV[5] ~= '' and ARGV[5] ~= '0' then
   local delay = use_retry(KEYS[1], 'exit')
   if delay then
