@@ -340,3 +340,22 @@ def test_a_warm_executor_holding_more_than_a_calls_limit_refuses_it_so_a_fresh_o
         box.release()
         containment.close()
     assert holder.wait(10) == -signal.SIGKILL
+
+
+def test_a_contained_jobs_usage_counts_the_processes_it_did_not_wait_for(
+    client: Client, workers: Workers
+) -> None:
+    """Read from the job's cgroup: a process that left its parent burns CPU and holds memory on the
+    job's account (``wait4`` of the job's leader would have seen neither)."""
+    workers.start("w1", 1)
+    burn = (
+        "import time; x = bytearray(b'1') * (200 << 20); end = time.monotonic() + 0.6\n"
+        "while time.monotonic() < end: pass"
+    )
+    script = f'setsid {sys.executable} -c "{burn}" & sleep 1; exit 0'
+    record = client.submit(["sh", "-c", script]).wait(WAIT)
+    assert record.state is JobState.SUCCEEDED, record.reason
+    assert record.usage is not None
+    assert record.usage.cpu_seconds >= 0.4
+    assert record.usage.peak_memory is not None
+    assert record.usage.peak_memory >= 200 << 20
