@@ -15,9 +15,13 @@ from .endings import Ending
 from .executors import Key
 from .launches import Launch
 from .output import Tracked
+from .threads import VARIABLES, thread_variables
 
 if TYPE_CHECKING:
     from .runner import JobRunner
+
+#: What of its first call's environment an executor starts with.
+_STARTS_WITH = ("HOME", "TMPDIR", "TMP", "TEMP", "PYTHONNOUSERSITE", *VARIABLES)
 
 
 class CallLaunch(Launch):
@@ -31,11 +35,14 @@ class CallLaunch(Launch):
         functions = job.context.functions
         folder = job.persist(functions.bundles.folder, function.bundle)
         key = executor_key(job.spec, job.base_env)
+        # It starts as the call's (its HOME is the call's for its user site, which stays off), and
+        # each call it serves sets its own.
+        start_env = {**job.base_env, **{name: env[name] for name in _STARTS_WITH}}
         try:
             if function.fresh_process:
-                executor = functions.executors.start(key, job.base_env, folder)
+                executor = functions.executors.start(key, start_env, folder)
             else:
-                executor = functions.executors.acquire(key, job.base_env, folder)
+                executor = functions.executors.acquire(key, start_env, folder)
         except OSError as exc:
             reason = f"cannot start a Python process for the call: {exc.strerror}"
             job.system(reason)
@@ -69,7 +76,8 @@ def executor_key(spec: JobSpec, base_env: Mapping[str, str]) -> Key:
     """What a warm executor must match to run this job's call."""
     function = spec.function
     devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
-    return Key(function.bundle if function else "", spec.requirements.capability, devices)
+    threads = tuple(thread_variables(spec).values())
+    return Key(function.bundle if function else "", spec.requirements.capability, devices, threads)
 
 
 def reply_ending(job: JobRunner, header: dict[str, Any], payload: bytes) -> Ending:

@@ -21,6 +21,7 @@ import linecache
 import os
 import pickle
 import sys
+import tempfile
 import traceback
 import types
 from collections.abc import Iterator
@@ -65,6 +66,8 @@ def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
     job_env: dict[str, str] = header["env"]
     before = {name: os.environ.get(name) for name in job_env}
     os.environ.update(job_env)
+    # tempfile reads TMPDIR once and keeps it: each call's temporary files go to its own TMPDIR.
+    tempdir, tempfile.tempdir = tempfile.tempdir, job_env.get("TMPDIR")
     reply: dict[str, Any]
     try:
         pickled, args, kwargs = pickle.loads(payload)  # the worker checked its digest against the signature
@@ -75,6 +78,7 @@ def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
+        tempfile.tempdir = tempdir
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -43,6 +43,7 @@ from .launches import Launch
 from .output import Tracked
 from .process import JobProcesses, signal_tree
 from .supervisor import DRAIN, TICK, Supervisor, Watch
+from .threads import thread_variables
 
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
@@ -54,6 +55,9 @@ FIRST_LOOK = 0.05
 #: A cancelled job's processes (and the other ranks of a node where one failed) get this long (s)
 #: after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
+#: How a job's HOME and TMPDIR are named, before its folder's name (whose suffix the worker's
+#: leftovers sweep looks for).
+HOME_PREFIX, TMP_PREFIX = "home-", "tmp-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +143,9 @@ class JobRunner:
         try:
             if folder:
                 self.context.folders.make(self.workdir)
+            for private in self._private:
+                self.context.folders.make(private)
+                self.processes.hand_over(private)
             if self.spec.function is None:
                 files.fetch_inputs(self)
             if folder:
@@ -155,6 +162,8 @@ class JobRunner:
             if folder:
                 self.context.folders.remove(self.workdir)
                 self.context.folders.remove(self._checkpoint_dir)
+            for private in self._private:
+                self.context.folders.remove(private)
         if ending is not None:
             self.ending = True
             self._end(ending, time.monotonic() - started)
@@ -185,7 +194,16 @@ class JobRunner:
         if status == "cancel" or self._stop == "cancel":
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
-        env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, ATTEMPT_VARIABLE: attempt}
+        home, tmp = (str(private) for private in self._private)
+        env = {
+            **{"HOME": home, "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp},
+            **self.spec.env,
+            **thread_variables(self.spec),
+            # Python adds no user site folder, nor runs the .pth files there, whatever HOME says.
+            "PYTHONNOUSERSITE": "1",
+            JOB_ID_VARIABLE: self.claim.target,
+            ATTEMPT_VARIABLE: attempt,
+        }
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
         devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
         if devices:
@@ -222,6 +240,14 @@ class JobRunner:
                 self.persist(self._checkpoints.restore)
         self.processes.hand_over(folder)
         return folder
+
+    @functools.cached_property
+    def _private(self) -> tuple[Path, Path]:
+        """The job's HOME and TMPDIR, fresh for each job (each call, each node's part) and gone
+        with it, so nothing one job leaves there (a ``.pth`` file, a poisoned cache) reaches a later
+        one. Beside the job's folder, as its checkpoint folder is, and for the same reasons."""
+        name = self.workdir.name
+        return self.workdir.with_name(HOME_PREFIX + name), self.workdir.with_name(TMP_PREFIX + name)
 
     @functools.cached_property
     def _checkpoint_dir(self) -> Path:
