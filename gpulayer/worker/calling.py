@@ -15,12 +15,14 @@ from .endings import Ending
 from .executors import Key
 from .launches import Launch
 from .output import Tracked
-from .threads import VARIABLES, thread_variables
+from .threads import VARIABLES
 
 if TYPE_CHECKING:
     from .runner import JobRunner
 
-#: What of its first call's environment an executor starts with.
+#: What of its first call's environment an executor starts with: numeric libraries read their
+#: thread counts once, as they load, and every call an executor serves asks for the same (they come
+#: from its CPUs, part of the requirements in its key).
 _STARTS_WITH = ("HOME", "TMPDIR", "TMP", "TEMP", "PYTHONNOUSERSITE", *VARIABLES)
 
 
@@ -76,8 +78,7 @@ def executor_key(spec: JobSpec, base_env: Mapping[str, str]) -> Key:
     """What a warm executor must match to run this job's call."""
     function = spec.function
     devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
-    threads = tuple(thread_variables(spec).values())
-    return Key(function.bundle if function else "", spec.requirements.capability, devices, threads)
+    return Key(function.bundle if function else "", spec.requirements.capability, devices)
 
 
 def reply_ending(job: JobRunner, header: dict[str, Any], payload: bytes) -> Ending:

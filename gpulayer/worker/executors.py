@@ -33,9 +33,6 @@ class Key:
     capability: str
     #: The CUDA devices it sees (``CUDA_VISIBLE_DEVICES``); empty for none.
     devices: str
-    #: Its numeric libraries' thread counts (:data:`.threads.VARIABLES`' values): read once, as a
-    #: library loads, so an executor serves only calls that ask for the same.
-    threads: tuple[str, ...] = ()
 
 
 class Executor:
