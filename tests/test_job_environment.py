@@ -10,8 +10,8 @@ from gpulayer.worker.threads import VARIABLES, thread_variables
 from tests.conftest import Workers
 
 WAIT = 60
-#: A job that says where its HOME, TMPDIR (and TMP, TEMP) and folder are, what its HOME holds, then
-#: leaves a file in its HOME and its TMPDIR.
+#: A job that says where its HOME, TMPDIR (and TMP, TEMP) and folder are, what its HOME and TMPDIR
+#: hold, then leaves a file in each.
 PROBE = (
     'echo "$HOME"; echo "$TMPDIR $TMP $TEMP"; pwd; ls -A "$HOME" "$TMPDIR"; touch "$HOME/left" "$TMPDIR/left"'
 )
@@ -32,13 +32,11 @@ def test_each_job_has_a_fresh_home_and_tmpdir_beside_its_folder_removed_after_it
         assert job.wait(WAIT).state is JobState.SUCCEEDED
         home, temporary, folder, *listed = stdout(client, job.id)
         seen.append(home)
-        tmp = temporary.split()[0]
-        assert temporary.split() == [tmp, tmp, tmp]
-        # Nothing an earlier job left: both were empty when the job started.
+        assert temporary.split() == [home, home, home]  # one folder is its HOME and TMPDIR
+        # Nothing an earlier job left: it was empty when the job started.
         assert [line for line in listed if line.strip() and not line.endswith(":")] == []
-        for private in (Path(home), Path(tmp)):
-            assert private.parent == Path(folder).parent == workdir  # beside the job's folder, not in it
-            assert not private.exists()  # gone with the job
+        assert Path(home).parent == Path(folder).parent == workdir  # beside the job's folder, not in it
+        assert not Path(home).exists()  # gone with the job
     assert len(set(seen)) == 3
 
 

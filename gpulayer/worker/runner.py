@@ -55,9 +55,9 @@ FIRST_LOOK = 0.05
 #: A cancelled job's processes (and the other ranks of a node where one failed) get this long (s)
 #: after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
-#: How a job's HOME and TMPDIR are named, before its folder's name (whose suffix the worker's
+#: How a job's HOME (and TMPDIR) is named, before its folder's name (whose suffix the worker's
 #: leftovers sweep looks for).
-HOME_PREFIX, TMP_PREFIX = "home-", "tmp-"
+HOME_PREFIX = "home-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,9 +143,8 @@ class JobRunner:
         try:
             if folder:
                 self.context.folders.make(self.workdir)
-            for private in self._private:
-                self.context.folders.make(private)
-                self.processes.hand_over(private)
+            self.context.folders.make(self._home)
+            self.processes.hand_over(self._home)
             if self.spec.function is None:
                 files.fetch_inputs(self)
             if folder:
@@ -162,8 +161,7 @@ class JobRunner:
             if folder:
                 self.context.folders.remove(self.workdir)
                 self.context.folders.remove(self._checkpoint_dir)
-            for private in self._private:
-                self.context.folders.remove(private)
+            self.context.folders.remove(self._home)
         if ending is not None:
             self.ending = True
             self._end(ending, time.monotonic() - started)
@@ -194,9 +192,9 @@ class JobRunner:
         if status == "cancel" or self._stop == "cancel":
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
-        home, tmp = (str(private) for private in self._private)
+        home = str(self._home)
         env = {
-            **{"HOME": home, "TMPDIR": tmp, "TMP": tmp, "TEMP": tmp},
+            **{"HOME": home, "TMPDIR": home, "TMP": home, "TEMP": home},
             **self.spec.env,
             **thread_variables(self.spec),
             # Python adds no user site folder, nor runs the .pth files there, whatever HOME says.
@@ -242,12 +240,12 @@ class JobRunner:
         return folder
 
     @functools.cached_property
-    def _private(self) -> tuple[Path, Path]:
-        """The job's HOME and TMPDIR, fresh for each job (each call, each node's part) and gone
+    def _home(self) -> Path:
+        """The job's HOME, also its TMPDIR: fresh for each job (each call, each node's part) and gone
         with it, so nothing one job leaves there (a ``.pth`` file, a poisoned cache) reaches a later
-        one. Beside the job's folder, as its checkpoint folder is, and for the same reasons."""
-        name = self.workdir.name
-        return self.workdir.with_name(HOME_PREFIX + name), self.workdir.with_name(TMP_PREFIX + name)
+        one. Beside the job's folder, as its checkpoint folder is, and for the same reasons. One
+        folder for both: each folder a job gets costs the worker about 30 µs of CPU."""
+        return self.workdir.with_name(HOME_PREFIX + self.workdir.name)
 
     @functools.cached_property
     def _checkpoint_dir(self) -> Path:

@@ -174,9 +174,9 @@ class Worker(BaseWorker):
         if area:
             self._bundles.mkdir(mode=0o755, exist_ok=True)  # the job user imports from it
         processes = JobProcesses(run_as)
-        # Four folders per job (its own, its checkpoints', its HOME and TMPDIR); a job run as another
-        # user owns its own.
-        folders = Folders(self.workdir, JOB_FOLDER_SUFFIX, reuse=run_as is None, keep=4 * self.capacity)
+        # Three folders per job (its own, its checkpoints', its HOME); a job run as another user owns
+        # its own.
+        folders = Folders(self.workdir, JOB_FOLDER_SUFFIX, reuse=run_as is None, keep=3 * self.capacity)
         return Context(
             self.store,
             self._stores.artifacts,
