@@ -22,9 +22,11 @@ def stdout(client: Client, job_id: str) -> list[str]:
 
 
 def test_each_job_has_a_fresh_home_and_tmpdir_beside_its_folder_removed_after_it(
-    client: Client, workers: Workers, tmp_path: Path
+    client: Client, workers: Workers, env: dict[str, str], tmp_path: Path
 ) -> None:
     workdir = tmp_path / "work"
+    # A worker's shared temporary folder, named the Windows way too: no job gets it.
+    workers.env = {**env, "TMPDIR": "/tmp", "TMP": "/tmp", "TEMP": "/tmp"}
     workers.start("w1", 1, "--workdir", str(workdir))
     seen = []
     for _ in range(3):
@@ -32,7 +34,7 @@ def test_each_job_has_a_fresh_home_and_tmpdir_beside_its_folder_removed_after_it
         assert job.wait(WAIT).state is JobState.SUCCEEDED
         home, temporary, folder, *listed = stdout(client, job.id)
         seen.append(home)
-        assert temporary.split() == [home, home, home]  # one folder is its HOME and TMPDIR
+        assert temporary.split() == [home, home, home]  # one folder is its HOME and TMPDIR (TMP, TEMP)
         # Nothing an earlier job left: it was empty when the job started.
         assert [line for line in listed if line.strip() and not line.endswith(":")] == []
         assert Path(home).parent == Path(folder).parent == workdir  # beside the job's folder, not in it

@@ -39,7 +39,7 @@ class CallLaunch(Launch):
         key = executor_key(job.spec, job.base_env)
         # It starts as the call's (its HOME is the call's for its user site, which stays off), and
         # each call it serves sets its own.
-        start_env = {**job.base_env, **{name: env[name] for name in _STARTS_WITH}}
+        start_env = {**job.base_env, **{name: env[name] for name in _STARTS_WITH if name in env}}
         try:
             if function.fresh_process:
                 executor = functions.executors.start(key, start_env, folder)

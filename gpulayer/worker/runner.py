@@ -193,8 +193,13 @@ class JobRunner:
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
         home = str(self._home)
+        # TMP and TEMP too where the worker's environment sets them (else no job could share one):
+        # Linux programs read TMPDIR, and each variable more costs every call in a warm executor.
+        temporary = {name: home for name in ("TMP", "TEMP") if name in self.base_env}
         env = {
-            **{"HOME": home, "TMPDIR": home, "TMP": home, "TEMP": home},
+            "HOME": home,
+            "TMPDIR": home,
+            **temporary,
             **self.spec.env,
             **thread_variables(self.spec),
             # Python adds no user site folder, nor runs the .pth files there, whatever HOME says.
