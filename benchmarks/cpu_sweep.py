@@ -7,7 +7,9 @@ workers run on this machine with one slot per core, as the other benchmarks' do,
 twice as many calls at once as it has cores. In the same rounds, the sweep runs again as it did before
 jobs got thread variables: each call lets BLAS use every core (set inside the call with threadpoolctl;
 a benchmark's switch, not a setting), so the calls running at once start a thread per core each.
-Times are the median of ``--repeats`` rounds, the three runs taking turns in each.
+The plain loop runs twice, as a user would (BLAS on every core) and on one thread, a reference
+that a busy machine does not slow as much. Times are the median of ``--repeats`` rounds, the runs
+taking turns in each.
 
     python benchmarks/cpu_sweep.py [--calls 50] [--repeats 3]
 """
@@ -44,6 +46,11 @@ def fit_on_every_core(alpha: float) -> float:
     """:func:`fit` with BLAS on every core of the machine: what each call did before (benchmark only)."""
     with threadpool_limits(os.cpu_count() or 1):
         return fit(alpha)
+
+
+def one_thread(run: Callable[[], list[float]]) -> list[float]:
+    with threadpool_limits(1):
+        return run()
 
 
 def seconds_of(run: Callable[[], object]) -> float:
@@ -83,6 +90,7 @@ def sweep(url: str, home: Path, calls: int, repeats: int) -> dict[str, float]:
         repeats,
         {
             "local loop": lambda: [fit(alpha) for alpha in alphas],
+            "local loop, BLAS on one thread": lambda: one_thread(lambda: [fit(alpha) for alpha in alphas]),
             "gpulayer .map": lambda: list(remote.map(alphas)),
             "gpulayer .map, BLAS on every core (before)": lambda: list(every_core.map(alphas)),
         },
