@@ -75,3 +75,17 @@ def test_a_gpu_job_gets_one_thread_and_a_gang_node_shares_its_cpus_among_its_ran
         distributed=Distributed(nodes=2, procs_per_node=4),
     )
     assert set(thread_variables(gang).values()) == {"2"}
+
+
+def test_each_node_of_a_gang_job_has_a_home_its_ranks_share_and_threads_for_its_share_of_cpus(
+    client: Client, workers: Workers
+) -> None:
+    for name in ("a", "b"):
+        workers.start(name, 4)
+    job = client.submit(["sh", "-c", 'echo "$HOME $OMP_NUM_THREADS"'], nodes=2, procs_per_node=2, cpus=4)
+    assert job.wait(WAIT).state is JobState.SUCCEEDED
+    seen = {line.rank: line.text.split() for line in job.logs() if line.stream == "stdout"}
+    homes = {rank: home for rank, (home, _) in seen.items()}
+    assert homes[0] == homes[1] != homes[2] == homes[3]
+    assert {threads for _, threads in seen.values()} == {"2"}
+    assert not any(Path(home).exists() for home in homes.values())
