@@ -193,8 +193,8 @@ class JobRunner:
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
         home = str(self._home)
-        # TMP and TEMP too where the worker's environment sets them (else no job could share one):
-        # Linux programs read TMPDIR, and each variable more costs every call in a warm executor.
+        # TMP and TEMP too where the worker's environment sets them, so no job gets the worker's;
+        # not otherwise: Linux programs read TMPDIR, and each variable costs a warm executor's calls.
         temporary = {name: home for name in ("TMP", "TEMP") if name in self.base_env}
         env = {
             "HOME": home,
