@@ -308,9 +308,9 @@ def trainer(target: Target, timeout: float, precision: str, compile: bool) -> Ou
 
 
 #: The checks, in the order they run (what `--only` takes).
-NAMES = ("detect", "up", "job_sees_its_gpu", "devices_fenced", "second_job_waits", "telemetry", "remote", "gang_gloo",
-         "gang_nccl", "fractional", "down", "trainer_fp32", "trainer_bf16", "trainer_16_mixed",
-         "trainer_compile")  # fmt: skip
+NAMES = ("detect", "up", "job_sees_its_gpu", "devices_fenced", "second_job_waits", "telemetry",
+         "remote", "gang_gloo", "gang_nccl", "fractional", "down", "trainer_fp32", "trainer_bf16",
+         "trainer_16_mixed", "trainer_compile")  # fmt: skip
 
 
 def devices_fenced(target: Target, hub: Hub, timeout: float) -> Outcome:

@@ -49,7 +49,8 @@ JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
 ATTEMPT_VARIABLE = "GPULAYER_ATTEMPT"
 #: Variables the worker sets for a job, which its ``env`` may not set: they say which GPUs it holds
 #: (``CUDA_VISIBLE_DEVICES`` would otherwise reach past its reservation), which rank of a gang it is,
-#: and everything GPUlayer's own (``GPULAYER_*``).
+#: that Python ignores the user site folder (``PYTHONNOUSERSITE``), and everything GPUlayer's own
+#: (``GPULAYER_*``).
 RESERVED_ENV = frozenset(
     {
         "CUDA_VISIBLE_DEVICES",
@@ -69,6 +70,7 @@ RESERVED_ENV = frozenset(
         "ROLE_NAME",
         "ROLE_RANK",
         "ROLE_WORLD_SIZE",
+        "PYTHONNOUSERSITE",
     }
 )
 RESERVED_ENV_PREFIXES = ("GPULAYER_", "TORCHELASTIC_")

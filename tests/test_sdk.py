@@ -14,6 +14,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -470,6 +471,45 @@ def test_each_call_in_a_warm_executor_sees_its_own_job(workers: Workers, remote:
     values = [handle.result(timeout=WAIT) for handle in handles]
     assert len({pid for pid, _, _ in values}) == 1  # one executor ran them all
     assert [(job, attempt) for _, job, attempt in values] == [(handle.id, "1") for handle in handles]
+
+
+def where_a_call_lives(_: object = None) -> dict[str, Any]:
+    """What a call finds of its HOME, TMPDIR and thread variables; it leaves a file in its HOME."""
+    home = os.environ["HOME"]
+    found = os.listdir(home)
+    Path(home, "left").write_text("by an earlier call")
+    with tempfile.NamedTemporaryFile() as temporary:
+        temp_folder = os.path.dirname(temporary.name)
+    return {
+        "pid": os.getpid(),
+        "home": home,
+        "found": found,
+        "tmpdir": os.environ["TMPDIR"],
+        "tempfile": temp_folder,
+        "user_site": os.environ.get("PYTHONNOUSERSITE"),
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+@pytest.mark.slow
+def test_each_call_in_a_warm_executor_has_a_home_and_tmpdir_of_its_own_and_threads_for_its_cpus(
+    workers: Workers, remote: Callable[..., Any]
+) -> None:
+    workers.start("w1", 2)
+    f = remote(where_a_call_lives)
+    calls = [f.remote().result(timeout=WAIT) for _ in range(3)]
+    assert len({call["pid"] for call in calls}) == 1  # one warm executor ran them all
+    assert len({call["home"] for call in calls}) == 3
+    for call in calls:
+        assert call["found"] == []  # nothing an earlier call left
+        assert call["tempfile"] == call["tmpdir"]
+        assert (call["user_site"], call["threads"]) == ("1", "1")
+        assert not Path(call["home"]).exists()
+        assert not Path(call["tmpdir"]).exists()
+    # Its libraries' thread counts are read once per process: a call asking for others gets another.
+    wide = f.options(cpus=2).remote().result(timeout=WAIT)
+    assert wide["threads"] == "2"
+    assert wide["pid"] != calls[0]["pid"]
 
 
 @pytest.mark.slow

@@ -533,7 +533,9 @@ def dict_of_environ() -> dict[str, str]:
     return dict(os.environ)
 
 
-@pytest.mark.parametrize("variable", ["CUDA_VISIBLE_DEVICES", "RANK", "MASTER_ADDR", "GPULAYER_HOME"])
+@pytest.mark.parametrize(
+    "variable", ["CUDA_VISIBLE_DEVICES", "RANK", "MASTER_ADDR", "GPULAYER_HOME", "PYTHONNOUSERSITE"]
+)
 def test_a_job_may_not_set_a_variable_the_worker_sets(
     cli: Callable[..., Any], raw_redis: redis.Redis, variable: str
 ) -> None:
@@ -577,12 +579,53 @@ def test_a_job_run_as_another_user_reads_nothing_of_its_workers(
     record = job.wait(WAIT)
     out = [line.text for line in job.logs() if line.stream == "stdout"]
     assert out[0] == "65534"
-    assert out[1] == f"HOME={job_area / 'home'}"
+    assert out[1] == f"HOME={job_area / f'home-{job.id}-1.gljob'}"
     assert out[2:] == ["no-access", "no-environ", "no-home"]
     # The link it left points at the worker's access; read as the job's user, there is nothing there.
     assert record.reason == "output not produced: leak"
     stored = raw_redis.hgetall(client.keys.outputs(job.id))
     assert not any(worker_access.token().encode() in value for value in stored.values())
+
+
+#: Python outside a virtualenv (one ignores the user site folder whatever the environment says).
+SYSTEM_PYTHON = "/usr/bin/python3"
+#: What a hostile job plants in its HOME: a .pth file in Python's user site folder, which every later
+#: Python started with that HOME would run. It checks that it planted it where Python looks.
+PLANT = (
+    f"site=$({SYSTEM_PYTHON} -c 'import site; print(site.getusersitepackages())') && "
+    'mkdir -p "$site" && '
+    'echo "import sys; print(\'planted code ran\')" > "$site/planted.pth" && '
+    f"{SYSTEM_PYTHON} -c 'print(\"no user site\")' && PYTHONNOUSERSITE= {SYSTEM_PYTHON} -c pass"
+)
+
+
+@pytest.mark.skipif(not Path(SYSTEM_PYTHON).is_file(), reason="needs a Python outside a virtualenv")
+@pytest.mark.parametrize("run_as", [None, pytest.param("nobody", marks=run_as_root)])
+def test_a_pth_file_a_job_plants_in_its_home_runs_in_no_later_job(
+    client: Client,
+    workers: Workers,
+    env: dict[str, str],
+    home: Path,
+    job_area: Path,
+    run_as: str | None,
+) -> None:
+    if run_as:
+        worker_access = accesses.load(home, "worker")
+        assert worker_access is not None
+        workers.env = {**env, accesses.TOKEN_VARIABLE: worker_access.token()}
+    workers.start("w1", 1, "--workdir", str(job_area), *(["--run-as", run_as] if run_as else []))
+    planting = client.submit(["sh", "-c", PLANT])
+    assert planting.wait(WAIT).state is JobState.SUCCEEDED
+    # Its own Python ran without the user site folder; only with it turned back on did the file run.
+    assert [line.text for line in planting.logs() if line.stream == "stdout"] == [
+        "no user site",
+        "planted code ran",
+    ]
+    # A later job, even one that turns the user site folder back on, has a HOME of its own.
+    later = client.submit(["sh", "-c", f"PYTHONNOUSERSITE= {SYSTEM_PYTHON} -c 'print(\"clean\")'"])
+    assert later.wait(WAIT).state is JobState.SUCCEEDED
+    assert [line.text for line in later.logs() if line.stream == "stdout"] == ["clean"]
+    assert not list(job_area.glob("home-*"))
 
 
 def test_a_root_worker_without_run_as_says_that_jobs_run_as_root(workers: Workers) -> None:

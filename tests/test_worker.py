@@ -204,6 +204,7 @@ def test_a_job_record_that_fails_validation_fails_the_job_not_the_worker(
 def test_a_restart_removes_job_folders_left_behind_and_nothing_else(workers: Workers, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     (workdir / "0123456789ab-1.gljob" / "sub").mkdir(parents=True)
+    (workdir / "home-0123456789ab-1.gljob" / ".local").mkdir(parents=True)  # that job's HOME
     (workdir / "notes.txt").write_text("mine")
     workers.start("w1", 1, "--workdir", str(workdir))
     assert sorted(path.name for path in workdir.iterdir()) == ["notes.txt"]

@@ -16,10 +16,16 @@ from .endings import Ending
 from .executors import Executor, Key
 from .launches import Launch
 from .output import Tracked
+from .threads import VARIABLES
 from .usage import ExecutorMeter
 
 if TYPE_CHECKING:
     from .runner import JobRunner
+
+#: What of its first call's environment an executor starts with: numeric libraries read their
+#: thread counts once, as they load, and every call an executor serves asks for the same (they come
+#: from its CPUs, part of the requirements in its key).
+_STARTS_WITH = ("HOME", "TMPDIR", "TMP", "TEMP", "PYTHONNOUSERSITE", *VARIABLES)
 
 
 class CallLaunch(Launch):
@@ -33,8 +39,11 @@ class CallLaunch(Launch):
         functions = job.context.functions
         folder = job.persist(functions.bundles.folder, function.bundle)
         key = executor_key(job.spec, job.base_env)
+        # It starts as the call's (its HOME is the call's for its user site, which stays off), and
+        # each call it serves sets its own.
+        start_env = {**job.base_env, **{name: env[name] for name in _STARTS_WITH if name in env}}
         try:
-            executor = _executor(job, key, folder)
+            executor = _executor(job, key, folder, start_env)
         except OSError as exc:
             reason = f"cannot start a Python process for the call: {exc.strerror}"
             job.system(reason)
@@ -64,20 +73,20 @@ class CallLaunch(Launch):
         return reply_ending(job, *reply)
 
 
-def _executor(job: JobRunner, key: Key, folder: Path) -> Executor:
+def _executor(job: JobRunner, key: Key, folder: Path, env: Mapping[str, str]) -> Executor:
     """An executor for the call, its cgroup held to the job's limits: a warm one, unless it already
     uses more memory than this job may (it is stopped), or the call asks for a fresh process."""
     executors = job.context.functions.executors
     function = job.spec.function
     assert function is not None
     if not function.fresh_process:
-        executor = executors.acquire(key, job.base_env, folder)
+        executor = executors.acquire(key, env, folder)
         try:
             job.contain(ExecutorMeter(executor.process.pid), executor.box)
             return executor
         except OSError:
             executors.release(executor, keep=False)
-    executor = executors.start(key, job.base_env, folder)
+    executor = executors.start(key, env, folder)
     try:
         job.contain(ExecutorMeter(executor.process.pid), executor.box)
     except OSError:

@@ -56,9 +56,9 @@ class RunAs:
         """What :class:`subprocess.Popen` takes to start a process as this user."""
         return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
 
-    def environment(self, home: Path) -> dict[str, str]:
-        """The variables that say who a job is, with ``home`` as its HOME."""
-        return {"HOME": str(home), "USER": self.user, "LOGNAME": self.user}
+    def environment(self) -> dict[str, str]:
+        """The variables that say who a job is (its HOME is its own, made for it: see the runner)."""
+        return {"USER": self.user, "LOGNAME": self.user}
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -105,9 +105,9 @@ def group_name(gid: int) -> str:
 
 
 def job_area(explicit: Path | None, name: str) -> Path:
-    """Where a worker with ``--run-as`` keeps its job folders, bundles and the jobs' home: a folder
-    the job user can pass through but not list (711), owned by the worker, outside the worker's
-    own home (which the job user must not enter)."""
+    """Where a worker with ``--run-as`` keeps its job folders (with each job's HOME and TMPDIR) and
+    bundles: a folder the job user can pass through but not list (711), owned by the worker, outside
+    the worker's own home (which the job user must not enter)."""
     area = explicit or Path("/var/lib/gpulayer") / name
     area.mkdir(parents=True, exist_ok=True, mode=0o711)
     info = area.lstat()
@@ -115,14 +115,6 @@ def job_area(explicit: Path | None, name: str) -> Path:
         raise ConfigError(f"{area} is not a folder of this worker's user: refusing to run jobs in it")
     area.chmod(0o711)
     return area
-
-
-def private_to(run_as: RunAs, folder: Path) -> Path:
-    """``folder``, made if missing, the user's alone (700)."""
-    folder.mkdir(exist_ok=True, mode=0o700)
-    os.lchown(folder, run_as.uid, run_as.gid)
-    folder.chmod(0o700)
-    return folder
 
 
 def describe(run_as: RunAs | None) -> str:

@@ -206,10 +206,10 @@ def become_subreaper() -> bool:
 class JobProcesses:
     """A worker's job processes: the leaders it started and has not reaped yet, and the strays jobs
     leave behind. One lock orders spawning, reaping and stray hunting, so a leader is never
-    mistaken for a stray. With ``run_as``, every one of them runs as that user, with ``home`` as its
-    HOME."""
+    mistaken for a stray. With ``run_as``, every one of them runs as that user (its HOME is its
+    job's own: the runner sets it)."""
 
-    def __init__(self, run_as: RunAs | None = None, home: Path | None = None) -> None:
+    def __init__(self, run_as: RunAs | None = None) -> None:
         self._lock = threading.Lock()
         #: Notified as each start in progress is over (its process, if any, is then a leader).
         self._started = threading.Condition(self._lock)
@@ -217,7 +217,7 @@ class JobProcesses:
         self._leaders: set[int] = set()
         self.run_as = run_as
         self._options = run_as.popen_options() if run_as else {}
-        self._identity = run_as.environment(home) if run_as and home else {}
+        self._identity = run_as.environment() if run_as else {}
         self._programs = Programs()
 
     def spawn(

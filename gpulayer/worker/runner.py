@@ -53,6 +53,7 @@ from .launches import Launch
 from .output import Tracked
 from .process import JobProcesses, descendants, signal_tree
 from .supervisor import DRAIN, TICK, Supervisor, Watch
+from .threads import thread_variables
 from .usage import GpuMemory, Meter
 
 log = logging.getLogger("gpulayer.worker")
@@ -67,6 +68,9 @@ GPU_SAMPLE = 1.0
 #: A cancelled job's processes (and the other ranks of a node where one failed) get this long (s)
 #: after SIGTERM before SIGKILL.
 CANCEL_GRACE = 0.5
+#: How a job's HOME (and TMPDIR) is named, before its folder's name (whose suffix the worker's
+#: leftovers sweep looks for).
+HOME_PREFIX = "home-"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +170,8 @@ class JobRunner:
         try:
             if folder:
                 self.context.folders.make(self.workdir)
+            self.context.folders.make(self._home)
+            self.processes.hand_over(self._home)
             if self.spec.function is None:
                 files.fetch_inputs(self)
             if folder:
@@ -187,6 +193,7 @@ class JobRunner:
             if folder:
                 self.context.folders.remove(self.workdir)
                 self.context.folders.remove(self._checkpoint_dir)
+            self.context.folders.remove(self._home)
         if ending is not None:
             self.ending = True
             self._end(self._measured(ending), time.monotonic() - started)
@@ -230,7 +237,21 @@ class JobRunner:
         if status == "cancel" or self._stop == "cancel":
             return Ending(JobState.CANCELLED, reason="cancelled")
         attempt = str(self.claim.attempt)
-        env = {**self.spec.env, JOB_ID_VARIABLE: self.claim.target, ATTEMPT_VARIABLE: attempt}
+        home = str(self._home)
+        # TMP and TEMP too where the worker's environment sets them, so no job gets the worker's;
+        # not otherwise: Linux programs read TMPDIR, and each variable costs a warm executor's calls.
+        temporary = {name: home for name in ("TMP", "TEMP") if name in self.base_env}
+        env = {
+            "HOME": home,
+            "TMPDIR": home,
+            **temporary,
+            **self.spec.env,
+            **thread_variables(self.spec),
+            # Python adds no user site folder, nor runs the .pth files there, whatever HOME says.
+            "PYTHONNOUSERSITE": "1",
+            JOB_ID_VARIABLE: self.claim.target,
+            ATTEMPT_VARIABLE: attempt,
+        }
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
         devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
         if devices:
@@ -267,6 +288,14 @@ class JobRunner:
                 self.persist(self._checkpoints.restore)
         self.processes.hand_over(folder)
         return folder
+
+    @functools.cached_property
+    def _home(self) -> Path:
+        """The job's HOME, also its TMPDIR: fresh for each job (each call, each node's part) and gone
+        with it, so nothing one job leaves there (a ``.pth`` file, a poisoned cache) reaches a later
+        one. Beside the job's folder, as its checkpoint folder is, and for the same reasons. One
+        folder for both: each folder a job gets costs the worker about 30 µs of CPU."""
+        return self.workdir.with_name(HOME_PREFIX + self.workdir.name)
 
     @functools.cached_property
     def _checkpoint_dir(self) -> Path:

@@ -60,7 +60,7 @@ from .executors import ExecutorPool
 from .folders import Folders, remove_folder
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer
-from .identity import RunAs, job_area, private_to
+from .identity import RunAs, job_area
 from .launches import CommandLaunch, Launch
 from .leases import LeaseKeeper
 from .listener import Listener
@@ -170,17 +170,18 @@ class Worker(BaseWorker):
         become_subreaper()
 
     def _make_context(self, workdir: Path | None, run_as: RunAs | None) -> Context:
-        """What the runners share, with the folders jobs run in: with ``run_as``, job folders,
-        bundles and the jobs' home are outside the worker's home, which the job user must not enter."""
+        """What the runners share, with the folders jobs run in: with ``run_as``, job folders
+        and bundles are outside the worker's home, which the job user must not enter."""
         settings, name = self.settings, self.display_name
         area = job_area(workdir, f"{settings.prefix}-{name}") if run_as else None
         self.workdir = area or private_folder(workdir or settings.home / "work" / name)
         self._bundles = area / "bundles" if area else private_folder(settings.home / "bundles")
         if area:
             self._bundles.mkdir(mode=0o755, exist_ok=True)  # the job user imports from it
-        processes = JobProcesses(run_as, private_to(run_as, area / "home") if run_as and area else None)
-        # Two folders per job (its own and its checkpoints'); a job run as another user owns its own.
-        folders = Folders(self.workdir, JOB_FOLDER_SUFFIX, reuse=run_as is None, keep=2 * self.capacity)
+        processes = JobProcesses(run_as)
+        # Three folders per job (its own, its checkpoints', its HOME); a job run as another user owns
+        # its own.
+        folders = Folders(self.workdir, JOB_FOLDER_SUFFIX, reuse=run_as is None, keep=3 * self.capacity)
         return Context(
             self.store,
             self._stores.artifacts,
