@@ -7,7 +7,8 @@ starts lands there as it is created (a new process inherits the cgroups of the t
 no window in which a process runs outside, and no per-job ``mkdir``/``rmdir`` in five hierarchies,
 which would cost the worker a sixth of its throughput. A slot runs one job at a time, so between two
 jobs its cgroups hold no process but the slot thread: the job's limits are written as it starts,
-its counters reset, and its processes killed as it ends. A warm executor, which outlives the job that
+its counters reset, and its processes killed as it ends. (The CPU quota's cgroup is the exception:
+see :class:`SlotBoxV1`.) A warm executor, which outlives the job that
 started it, gets cgroups of its own, which the starting thread steps into for the ``fork``.
 
 **cgroup v2** (one hierarchy, where the worker's cgroup is delegated to it): a cgroup per job, made
@@ -80,6 +81,9 @@ class Box:
         """Around the start of one of its processes: yields what the child must call before its exec
         to enter the cgroup, or None (it enters by being made)."""
         return contextlib.nullcontext()
+
+    def placed(self, pid: int) -> None:
+        """Its process ``pid`` has just started (its exec done: it has not forked yet)."""
 
     def limit(self, limits: Limits) -> None:
         """Hold what runs here from now on to ``limits``, and start counting its usage afresh.
@@ -411,7 +415,15 @@ def _cgroup_of(text: str, controller: str) -> str | None:
 
 class SlotBoxV1(Box):
     """A slot thread's cgroups (see the module's docstring): they outlive each job, not its processes.
-    The files read or written for every job stay open: one system call each, not three."""
+    The files read or written for every job stay open: one system call each, not three.
+
+    But the CPU quota's: the slot thread does not live there, or it would share its job's quota and
+    wait out the job's throttling (a third of the throughput of short jobs). Each process the slot
+    starts is moved there as it starts instead, before its program can have forked (a move per job,
+    none at all for a job with no quota)."""
+
+    #: Whether the starting thread enters the ``cpu`` controller's cgroup too (see above).
+    _thread_in_cpu = False
 
     def __init__(self, folders: dict[str, Path]) -> None:
         self._folders = folders
@@ -426,12 +438,15 @@ class SlotBoxV1(Box):
             "peak": folders["memory"] / "memory.max_usage_in_bytes",
             "ooms": folders["memory"] / "memory.oom_control",
             "cpu": folders["cpuacct"] / "cpuacct.usage",
+            "quota": folders["cpu"] / "cgroup.procs",
         }
         self._fds: dict[str, int] = {}
         try:
             for key, path in kept.items():
                 self._fds[key] = os.open(
-                    path, (os.O_RDONLY if key in ("count", "ooms") else os.O_RDWR) | os.O_CLOEXEC
+                    path,
+                    {"count": os.O_RDONLY, "ooms": os.O_RDONLY, "quota": os.O_WRONLY}.get(key, os.O_RDWR)
+                    | os.O_CLOEXEC,
                 )
         except OSError:
             self.close_files()
@@ -439,9 +454,16 @@ class SlotBoxV1(Box):
         self._ooms = self._oom_kills()
 
     def enter(self, thread: int) -> None:
-        for folder in self._folders.values():
-            _write(folder / "tasks", str(thread))
+        for controller, folder in self._folders.items():
+            if controller != "cpu" or self._thread_in_cpu:
+                _write(folder / "tasks", str(thread))
         self._residents.add(thread)
+
+    def placed(self, pid: int) -> None:
+        if self._thread_in_cpu or self._written.get("cpu/cpu.cfs_quota_us", "-1") == "-1":
+            return
+        with contextlib.suppress(ProcessLookupError):  # it ended already
+            os.write(self._fds["quota"], str(pid).encode())
 
     def limit(self, limits: Limits) -> None:
         self._set("memory", "memory.limit_in_bytes", str(limits.memory) if limits.memory else "-1")
@@ -500,6 +522,8 @@ class SlotBoxV1(Box):
 
 class OwnBoxV1(SlotBoxV1):
     """A warm executor's cgroups: entered by the thread that starts it, for the start only."""
+
+    _thread_in_cpu = True
 
     @contextlib.contextmanager
     def placing(self) -> Iterator[Callable[[], None] | None]:

@@ -248,6 +248,8 @@ class JobProcesses:
                     self._programs.forget()  # it moved since it was found: look the usual way
                     process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, None, enter)
         finally:
+            if box is not None and process is not None:
+                box.placed(process.pid)
             with self._lock:
                 if process is not None:
                     self._leaders.add(process.pid)
