@@ -39,7 +39,6 @@ from typing import Literal
 log = logging.getLogger("gpulayer.worker")
 
 Mode = Literal["auto", "cgroup2", "cgroup1", "none"]
-MODES: tuple[Mode, ...] = ("auto", "cgroup2", "cgroup1", "none")
 
 #: NVIDIA's character device major: ``/dev/nvidia<minor>`` is GPU ``minor``; 255 is ``nvidiactl``.
 NVIDIA_MAJOR = 195
@@ -107,8 +106,6 @@ class Box:
 class Containment:
     """How a worker contains its jobs: :meth:`box` for the job the calling slot thread runs,
     :meth:`executor_box` for a warm executor. This base contains nothing."""
-
-    kind = "none"
 
     def __init__(self, why: str = "") -> None:
         self.why = why
@@ -323,7 +320,8 @@ def _v1_roots(mounts: dict[str, Path], own: dict[str, str], name: str) -> dict[s
 
 
 class CgroupV1(Containment):
-    kind = "cgroup v1"
+    """The v1 controllers: a root per controller for the worker (``roots``), its memory limit all its
+    jobs' ``memory`` together, and under it each slot's cgroups and each executor's."""
 
     def __init__(self, roots: dict[str, Path], memory: int) -> None:
         super().__init__()
@@ -564,7 +562,8 @@ def _v2_root(mounts: dict[str, Path], own: dict[str, str], name: str) -> Path:
 
 
 class CgroupV2(Containment):
-    kind = "cgroup v2"
+    """The v2 hierarchy: the worker's ``root``, its memory limit all its jobs' ``memory`` together
+    (where the memory controller is delegated), and under it a cgroup per job and per executor."""
 
     def __init__(self, root: Path, memory: int) -> None:
         super().__init__()
