@@ -282,6 +282,11 @@ def test_the_workers_page_shows_the_worker_its_simulated_gpus_and_its_telemetry(
     expect(card.get_by_test_id("gpu-row")).to_have_count(2)
     expect(card.get_by_test_id("simulated")).to_have_count(2)
     expect(card.get_by_test_id("gpu-row").first).to_contain_text("NVIDIA A100-SXM4-80GB")
+    # How it contains its jobs: what `gpulayer workers` says, in short.
+    expected = next(w.containment for w in stack.client.workers() if w.name == "gpu-box") or ""
+    expect(card.get_by_test_id("containment")).to_have_text(
+        "no containment" if expected.startswith("none") else expected.split(" (")[0]
+    )
     # Telemetry came: the CPU sparkline has a line.
     expect(card.locator("[data-testid=cpu-spark] path.line")).to_have_count(1)
     shot()

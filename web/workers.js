@@ -84,6 +84,12 @@ const HINTS = {
   Memory: "Its machine's memory in use over the last hour",
 };
 
+// How the worker contains its jobs, in a word or two ("cgroup v1"); the whole line is the tag's title.
+function containment(line) {
+  if (!line) return "containment unknown";
+  return line.startsWith("none") ? "no containment" : line.split(" (")[0];
+}
+
 function stat(label, value, ...extra) {
   return h("div", { class: "stat", title: HINTS[label] }, h("span", { class: "label" }, label), h("span", { class: "value" }, value), ...extra);
 }
@@ -128,6 +134,7 @@ function card(worker, history) {
       {},
       ...Object.entries(worker.labels).map(([key, value]) => h("span", { class: "tag mono" }, `${key}=${value}`)),
       ...known.map(([name, version]) => h("span", { class: "tag" }, `${name} ${version}`)),
+      h("span", { class: "tag", testid: "containment", title: worker.containment ?? "" }, containment(worker.containment)),
       h("span", { class: "spacer" }),
       h("span", { class: "faint small" }, "up since ", when(worker.birth), " · heartbeat ", h("time", { datetime: worker.last_heartbeat, dataset: { ago: "" } }, ago(worker.last_heartbeat))),
     ),
