@@ -124,16 +124,16 @@ class Containment:
         """Kill what is left in every cgroup of the worker's, and remove them."""
 
     def clear_leftovers(self) -> None:
-        """Kill what an earlier process under this worker's name left in its cgroups, and remove them:
-        once this process holds the name."""
+        """Kill what workers that died on this machine left in their cgroups, and remove them: once
+        this process holds its name (an earlier process under it among them)."""
 
 
 def _leftovers(root: Path) -> list[Path]:
-    """The roots of dead processes under ``root``'s worker name (``gpulayer-NAME-PID``). A live one
-    (the worker this one replaces, as it stops) removes its own."""
-    stem = root.name.rpartition("-")[0]
+    """The roots beside ``root`` of workers that died (``gpulayer-NAME-PID``, its process gone): under
+    any name, as a worker killed outright may never be started again under its own. A live one (the
+    worker this one replaces, as it stops) removes its own."""
     found = []
-    for folder in root.parent.glob(f"{stem}-*"):
+    for folder in root.parent.glob("gpulayer-*-*"):
         pid = folder.name.rpartition("-")[2]
         if folder != root and pid.isdigit() and not _alive(int(pid)):
             found.append(folder)
@@ -285,7 +285,7 @@ def open_containment(mode: Mode, worker: str, memory: int) -> Containment:
     except OSError:  # no /proc: not Linux
         mounts, own = {}, {}
     # Two processes may briefly hold one worker name (one is refused, or replaced): their own pid keeps
-    # them apart. What a dead one left goes at :meth:`Containment.clear_leftovers`.
+    # them apart. What a dead worker left goes at the next start's :meth:`Containment.clear_leftovers`.
     name = f"gpulayer-{_safe(worker)}-{os.getpid()}"
     tried: list[str] = []
     order: list[Mode] = ["cgroup2", "cgroup1"] if mode == "auto" else [mode]
