@@ -288,22 +288,28 @@ def open_containment(mode: Mode, worker: str, memory: int) -> Containment:
     # them apart. What a dead worker left goes at the next start's :meth:`Containment.clear_leftovers`.
     name = f"gpulayer-{_safe(worker)}-{os.getpid()}"
     tried: list[str] = []
+    #: v2 without the controllers to limit jobs: kept in case v1 cannot be had either.
+    kills_only: CgroupV2 | None = None
     order: list[Mode] = ["cgroup2", "cgroup1"] if mode == "auto" else [mode]
     for kind in order:
         try:
             if kind == "cgroup2":
                 v2 = CgroupV2(_v2_root(mounts, own, name), memory)
                 if mode == "auto" and not {"memory", "pids"} <= v2.controllers:
-                    v2.close()
+                    kills_only = v2
                     tried.append("cgroup v2 delegates no memory and pids controllers here")
                     continue
                 return v2
-            return CgroupV1(_v1_roots(mounts, own, name), memory)
+            v1 = CgroupV1(_v1_roots(mounts, own, name), memory)
         except OSError as exc:
             tried.append(f"{'cgroup v2' if kind == 'cgroup2' else 'cgroup v1'}: {exc.strerror or exc}")
+        else:
+            if kills_only is not None:
+                kills_only.close()
+            return v1
+    if kills_only is not None:
+        return kills_only
     if mode == "auto":
-        with contextlib.suppress(OSError):
-            return CgroupV2(_v2_root(mounts, own, name), memory)
         return Containment("; ".join(tried) or "no cgroups here")
     raise OSError(errno.ENOTSUP, "; ".join(tried))
 
@@ -381,11 +387,11 @@ class CgroupV1(Containment):
 
 
 def _sweep_v1(controller: str, folder: Path) -> int:
-    return kill_listed(folder / "cgroup.procs", (), _member_v1(controller, folder))
+    return kill_listed(folder / "cgroup.procs", (), _member(controller, folder))
 
 
-def _member_v1(controller: str, folder: Path) -> Callable[[int], bool]:
-    """Whether a process is in ``folder`` (or under it) of ``controller``'s hierarchy."""
+def _member(controller: str, folder: Path) -> Callable[[int], bool]:
+    """Whether a process is in ``folder`` (or under it) of ``controller``'s hierarchy (``""``: v2's)."""
     inside = "/" + str(folder.relative_to(_mounts()[controller]))
 
     def member(pid: int) -> bool:
@@ -427,7 +433,7 @@ class SlotBoxV1(Box):
         self._folders = folders
         self._written: dict[str, str] = {}
         self._denied: frozenset[int] = frozenset()
-        self._member = _member_v1("pids", folders["pids"])
+        self._member = _member("pids", folders["pids"])
         #: The worker's own threads that live here (the slot thread): spared by every sweep.
         self._residents: set[int] = set()
         self._worker_cpu = 0.0
@@ -655,7 +661,7 @@ class BoxV2(Box):
     def sweep(self, keep: Collection[int] = ()) -> int:
         if not keep:
             return _kill_all_v2(self._folder)
-        return kill_listed(self._folder / "cgroup.procs", keep, lambda pid: _in_v2(pid, self._folder))
+        return kill_listed(self._folder / "cgroup.procs", keep, _member("", self._folder))
 
     def usage(self) -> Usage:
         cpu = (_counter(_read(self._folder / "cpu.stat"), "usage_usec") - self._cpu) / 1e6
@@ -674,8 +680,3 @@ class BoxV2(Box):
     def release(self) -> None:
         _kill_all_v2(self._folder)
         _rmdir(self._folder)
-
-
-def _in_v2(pid: int, folder: Path) -> bool:
-    path = _cgroup_of_process(pid, "")
-    return path is not None and "/" + str(folder.relative_to(_mounts()[""])) == path

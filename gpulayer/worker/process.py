@@ -19,7 +19,7 @@ import psutil
 
 from ..models import JOB_ID_VARIABLE
 from . import spawning, usage
-from .cgroups import Box
+from .cgroups import NO_BOX, Box
 from .identity import RunAs
 from .spawning import Started
 from .usage import Meter
@@ -227,7 +227,7 @@ class JobProcesses:
         env: Mapping[str, str],
         pass_fds: Sequence[int] = (),
         die_with_worker: bool = False,
-        box: Box | None = None,
+        box: Box = NO_BOX,
     ) -> Started:
         """Start a job's process (see :func:`spawn`) in ``box``, the cgroup of its job or executor."""
         env = {**env, **self._identity}
@@ -239,7 +239,7 @@ class JobProcesses:
             self._starting += 1
         process = None
         try:
-            with box.placing() if box is not None else contextlib.nullcontext() as enter:
+            with box.placing() as enter:
                 try:
                     process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, where, enter)
                 except FileNotFoundError:
@@ -248,7 +248,7 @@ class JobProcesses:
                     self._programs.forget()  # it moved since it was found: look the usual way
                     process = spawn(command, cwd, env, pass_fds, die_with_worker, self._options, None, enter)
         finally:
-            if box is not None and process is not None:
+            if process is not None:
                 box.placed(process.pid)
             with self._lock:
                 if process is not None:

@@ -136,7 +136,7 @@ class JobRunner:
         self._own_box = False
         self.limits = Limits()
         self.used: Usage | None = None
-        #: What measures the job's processes, once its launch chose one (:meth:`measure`).
+        #: What measures the job's processes where they have no cgroup (see :meth:`contain`).
         self.meter: Meter | None = None
         #: The most GPU memory its processes were seen to hold (sampled while it runs).
         self._gpu_peak: int | None = None
@@ -308,14 +308,15 @@ class JobRunner:
         what the job asked for, and measure them: by their cgroup, or where there is none with
         ``meter``. Before they start. :class:`OSError` (EBUSY) if what already runs in ``box`` uses
         more memory than the job may."""
-        self.limits = self.context.limits(self.spec, self.claim)
         if box is None:
             box, self._own_box = self.context.containment.box(), True
-        box.limit(self.limits)
-        self.box = box
-        if box is NO_BOX:
+        if box is NO_BOX:  # nothing to hold it to: no limits worked out
             self.meter = meter
             meter.begin()
+        else:
+            self.limits = self.context.limits(self.spec, self.claim)
+            box.limit(self.limits)
+        self.box = box
         return box
 
     def command(self, tracked: list[Tracked], *, outputs: bool = True) -> Ending | None:
@@ -428,10 +429,10 @@ class JobRunner:
         """Kill what the job left running: everything in its cgroup (but the ``executor`` it ran in),
         under the executor that says it has ``children``, and anywhere else it went; then read what
         it used."""
-        alive = executor is not None and executor.alive
-        strays = self.box.sweep((executor.process.pid,) if executor is not None and alive else ())
-        if executor is not None and alive and children:
-            strays += executor.kill_children()
+        live = executor if executor is not None and executor.alive else None
+        strays = self.box.sweep((live.process.pid,) if live is not None else ())
+        if live is not None and children:
+            strays += live.kill_children()
         strays += self.processes.kill_strays(self.claim.target)
         if strays:
             self.system(f"stopped {strays} process(es) the job left running")
