@@ -188,12 +188,16 @@ def _counter(text: str, name: str) -> int:
 
 
 def _remove_tree(folder: Path, sweep: Callable[[Path], object]) -> None:
-    """Remove a cgroup folder and those under it, deepest first, killing what runs in each."""
-    if not folder.is_dir():
+    """Remove a cgroup folder and those under it, deepest first, killing what runs in each. Another
+    worker starting beside this one may be removing the same dead worker's folders: one gone under
+    it is done."""
+    try:
+        children = sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True)
+        for child in children:
+            _remove_tree(child, sweep)
+        sweep(folder)
+    except FileNotFoundError:
         return
-    for child in sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True):
-        _remove_tree(child, sweep)
-    sweep(folder)
     _rmdir(folder)
 
 
@@ -614,10 +618,13 @@ def _kill_all_v2(folder: Path) -> int:
         return 0
     if not before:
         return 0
-    _write(folder / "cgroup.kill", "1")
-    deadline = time.monotonic() + _SWEEP_FOR
-    while _pids(folder / "cgroup.procs") and time.monotonic() < deadline:
-        time.sleep(0.001)
+    try:
+        _write(folder / "cgroup.kill", "1")
+        deadline = time.monotonic() + _SWEEP_FOR
+        while _pids(folder / "cgroup.procs") and time.monotonic() < deadline:
+            time.sleep(0.001)
+    except FileNotFoundError:  # removed meanwhile, by another worker clearing what a dead one left
+        pass
     return before
 
 
