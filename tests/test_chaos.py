@@ -57,8 +57,12 @@ def test_a_worker_that_dies_right_after_claiming_loses_no_job(client: Client, wo
     jobs = [client.submit(["true"], retry_delay=0) for _ in range(100)]
     workers.env["GPULAYER_TEST_FAULT"] = "exit-after-claim"
     for round_ in range(25):
-        crashing = [workers.start(f"crash-{round_}-{i}", 1, *FAST, wait=False) for i in range(4)]
-        assert [process.wait(WAIT) for process in crashing] == [9, 9, 9, 9]
+        names = [f"crash-{round_}-{i}" for i in range(4)]
+        crashing = [workers.start(name, 1, *FAST, wait=False) for name in names]
+        codes = [process.wait(WAIT) for process in crashing]
+        assert codes == [9, 9, 9, 9], [
+            workers.log(name) for name, code in zip(names, codes, strict=True) if code != 9
+        ]
     # A job with no files to fetch is running from its claim on (the claim marks it so).
     assert {job.status().state for job in jobs} == {JobState.RUNNING}
     del workers.env["GPULAYER_TEST_FAULT"]

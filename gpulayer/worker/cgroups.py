@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import fcntl
 import functools
 import itertools
 import logging
@@ -128,16 +129,22 @@ class Containment:
         this process holds its name (an earlier process under it among them)."""
 
 
-def _leftovers(root: Path) -> list[Path]:
+@contextlib.contextmanager
+def _leftovers(root: Path) -> Iterator[list[Path]]:
     """The roots beside ``root`` of workers that died (``gpulayer-NAME-PID``, its process gone): under
     any name, as a worker killed outright may never be started again under its own. A live one (the
-    worker this one replaces, as it stops) removes its own."""
-    found = []
-    for folder in root.parent.glob("gpulayer-*-*"):
-        pid = folder.name.rpartition("-")[2]
-        if folder != root and pid.isdigit() and not _alive(int(pid)):
-            found.append(folder)
-    return found
+    worker this one replaces, as it stops) removes its own. Workers starting together take turns (a
+    lock on the folder holding the roots), so no two remove the same folders under each other."""
+    fd = os.open(root.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield [
+            folder
+            for folder in root.parent.glob("gpulayer-*-*")
+            if folder != root and (pid := folder.name.rpartition("-")[2]).isdigit() and not _alive(int(pid))
+        ]
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _alive(pid: int) -> bool:
@@ -188,16 +195,12 @@ def _counter(text: str, name: str) -> int:
 
 
 def _remove_tree(folder: Path, sweep: Callable[[Path], object]) -> None:
-    """Remove a cgroup folder and those under it, deepest first, killing what runs in each. Another
-    worker starting beside this one may be removing the same dead worker's folders: one gone under
-    it is done."""
-    try:
-        children = sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True)
-        for child in children:
-            _remove_tree(child, sweep)
-        sweep(folder)
-    except FileNotFoundError:
+    """Remove a cgroup folder and those under it, deepest first, killing what runs in each."""
+    if not folder.is_dir():
         return
+    for child in sorted((p for p in folder.iterdir() if p.is_dir()), reverse=True):
+        _remove_tree(child, sweep)
+    sweep(folder)
     _rmdir(folder)
 
 
@@ -386,8 +389,9 @@ class CgroupV1(Containment):
 
     def clear_leftovers(self) -> None:
         for controller, root in self._roots.items():
-            for folder in _leftovers(root):
-                _remove_tree(folder, functools.partial(_sweep_v1, controller))
+            with _leftovers(root) as folders:
+                for folder in folders:
+                    _remove_tree(folder, functools.partial(_sweep_v1, controller))
 
 
 def _sweep_v1(controller: str, folder: Path) -> int:
@@ -606,8 +610,9 @@ class CgroupV2(Containment):
         _remove_tree(self._root, _kill_all_v2)
 
     def clear_leftovers(self) -> None:
-        for folder in _leftovers(self._root):
-            _remove_tree(folder, _kill_all_v2)
+        with _leftovers(self._root) as folders:
+            for folder in folders:
+                _remove_tree(folder, _kill_all_v2)
 
 
 def _kill_all_v2(folder: Path) -> int:
@@ -618,13 +623,10 @@ def _kill_all_v2(folder: Path) -> int:
         return 0
     if not before:
         return 0
-    try:
-        _write(folder / "cgroup.kill", "1")
-        deadline = time.monotonic() + _SWEEP_FOR
-        while _pids(folder / "cgroup.procs") and time.monotonic() < deadline:
-            time.sleep(0.001)
-    except FileNotFoundError:  # removed meanwhile, by another worker clearing what a dead one left
-        pass
+    _write(folder / "cgroup.kill", "1")
+    deadline = time.monotonic() + _SWEEP_FOR
+    while _pids(folder / "cgroup.procs") and time.monotonic() < deadline:
+        time.sleep(0.001)
     return before
 
 
