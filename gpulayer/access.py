@@ -16,11 +16,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import home as local
+from . import sentinel
 from .errors import ConfigError
 from .models import AccessRole, validation_message
 from .signing import Keyring
@@ -148,7 +149,7 @@ def resolve(
 def _check_running(home: Path, url: str) -> None:
     """A clear error when the kept URL is the Redis `gpulayer up` started here, and it is down."""
     state = local.load(home)
-    if state is None or not state.embedded or state.port is None:
+    if state is None or not state.embedded or state.port is None or sentinel.is_sentinel(url):
         return
     if urlsplit(url).port == state.port and not local.alive(state.redis_pid):
         raise ConfigError("the Redis that `gpulayer up` started is not running: run `gpulayer up` again")
@@ -176,11 +177,13 @@ def read_token(source: str | None, environ: Mapping[str, str] | None = None) -> 
 def describe(access: Access) -> str:
     """Which role, user and Redis, without the password."""
     parts = urlsplit(access.redis_url)
-    if parts.scheme == "unix":
+    user = unquote(parts.username or "") or "default"
+    if sentinel.is_sentinel(access.redis_url):
+        where = sentinel.parse(access.redis_url).describe()
+    elif parts.scheme == "unix":
         where = f"unix://{parts.path}"
     else:
         host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname or "localhost"
         where = f"{parts.scheme}://{host}:{parts.port or 6379}"
-    user = parts.username or "default"
-    secure = ", TLS" if parts.scheme == "rediss" else ""
+    secure = ", TLS" if parts.scheme.startswith("rediss") else ""
     return f"{access.role or 'a bare URL'} (Redis user {user} at {where}{secure})"

@@ -5,6 +5,7 @@ The tree::
     GpulayerError
     ├── ConfigError            no Redis URL known, a bad setting
     ├── RedisUnavailable       the Redis server cannot be reached
+    ├── NotReplicated          a submit Redis's master took, but fewer replicas than asked had in time
     ├── ServerError            the embedded Redis or a local worker failed to start or stop
     ├── InvalidJobSpec         a job description that fails validation
     ├── SourceError            the source folder is missing, unreadable or over the cap
@@ -47,6 +48,11 @@ class ConfigError(GpulayerError):
 
 class RedisUnavailable(GpulayerError):
     """The Redis server cannot be reached."""
+
+
+class NotReplicated(GpulayerError):
+    """A submit the master took, but fewer of its replicas than ``submit_replicas`` asks had it in
+    time: the job exists, and could be lost if the master failed now."""
 
 
 class ServerError(GpulayerError):

@@ -36,6 +36,7 @@ from .settings import Settings
 from .store import acl
 from .store.connection import connect
 from .store.keys import Keys
+from .store.replicas import replicas
 from .store.scripts import load_library
 from .store.stores import Stores
 
@@ -136,25 +137,38 @@ def listing(home: Path) -> list[Listed]:
 
 def sync(installation: Installation, redis: Redis) -> bool:
     """Make Redis agree with ``installation``: each shared role's and valid identity's user made (with
-    the rules of this version), every other user of its identities gone (revoked, expired, and the
-    worker user all workers shared before they had identities), the registry holding exactly the
-    valid identities' records, and the users saved to Redis's ACL file: whether they were (see
-    :data:`Applied`)."""
+    the rules of this version) on the master and every replica (:func:`_users`), this version's
+    scripts loaded, and the registry holding exactly the valid identities' records: whether every
+    node saved its users (see :data:`Applied`)."""
+    keys = Keys(installation.prefix)
+    saved = _users(installation, redis)
+    for replica in replicas(redis):  # users are not replicated: a promoted replica needs its own
+        try:
+            saved = _users(installation, replica) and saved
+        finally:
+            replica.close()
+    load_library(redis, keys)  # this version's scripts: on Redis 7 only the admin may load them
+    registry = Stores.open(redis, Settings(prefix=installation.prefix)).registry
+    registry.publish({name: kept.signed for name, kept in installation.valid().items()})
+    return saved
+
+
+def _users(installation: Installation, node: Redis) -> bool:
+    """Make one node's users agree with ``installation``: the wanted ones made, every other user of
+    its identities gone (revoked, expired, and the worker user all workers shared before they had
+    identities); saved to the node's ACL file: whether they were."""
     keys = Keys(installation.prefix)
     wanted = installation.users()
-    acl.apply(redis, keys, wanted, disable_default=False)
-    load_library(redis, keys)  # this version's scripts: on Redis 7 only the admin may load them
+    acl.apply(node, keys, wanted, disable_default=False)
     names = {user.name for user in wanted}
     ours = acl.identity_user(keys, "")
     stale = [
         user
-        for user in acl.users(redis)
+        for user in acl.users(node)
         if user not in names and (user.startswith(ours) or user == acl.user_name(keys, "worker"))
     ]
-    acl.remove(redis, stale)
-    registry = Stores.open(redis, Settings(prefix=installation.prefix)).registry
-    registry.publish({name: kept.signed for name, kept in installation.valid().items()})
-    return acl.save(redis)
+    acl.remove(node, stale)
+    return acl.save(node)
 
 
 def make_on(redis_url: str, installation: Installation) -> None:

@@ -22,6 +22,7 @@ from redis.connection import parse_url
 
 from . import access as accesses
 from . import home as local
+from . import sentinel
 from .access import KEYS_OF, Access
 from .errors import ConfigError
 from .models import AccessRole, Identity, IdentityRole, validation_message
@@ -94,6 +95,10 @@ class Installation(BaseModel):
     def _url(self, user: str, password: str, host: str | None) -> str:
         parts = urlsplit(self.endpoint)
         netloc = f"{quote(user)}:{quote(password, safe='')}@"
+        if sentinel.is_sentinel(self.endpoint):
+            if host is not None:
+                raise ConfigError("--host does not apply to a Sentinel URL: every machine asks its sentinels")
+            return urlunsplit(parts._replace(netloc=netloc + parts.netloc))
         where = host or parts.hostname or "127.0.0.1"
         netloc += (f"[{where}]" if ":" in where else where) + (f":{parts.port}" if parts.port else "")
         return urlunsplit(parts._replace(netloc=netloc))
@@ -190,12 +195,16 @@ def endpoint_of(redis_url: str) -> str:
     """The URL without its user and password; :class:`ConfigError` for one naming a database other
     than 0, which the roles could not reach: they may not SELECT (key patterns hold in every
     database, so another database is another installation's keys of the same names)."""
-    database = int(parse_url(redis_url).get("db") or 0)  # type: ignore[no-untyped-call]
+    found = sentinel.parse(redis_url) if sentinel.is_sentinel(redis_url) else None
+    database = found.db if found else int(parse_url(redis_url).get("db") or 0)  # type: ignore[no-untyped-call]
     if database:
         raise ConfigError(
             f"{redact(redis_url)} names database {database}: an installation's roles may not SELECT, so "
             "it lives in database 0; installations on one Redis are told apart by GPULAYER_PREFIX"
         )
+    if found:
+        hosts = sentinel.hosts_text(found.sentinels)
+        return f"{found.scheme}+sentinel://{hosts}/{quote(found.master, safe='')}"
     parts = urlsplit(redis_url)
     host = parts.hostname or "127.0.0.1"
     netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")

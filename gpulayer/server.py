@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -81,6 +82,7 @@ def start_redis(
     durable: bool = True,
     detach: bool = False,
     binary: str | None = None,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """Start redis-server with its config and data in ``data_dir``, every file it writes readable by
     its owner only.
@@ -90,7 +92,7 @@ def start_redis(
     (clients are not asked for one: they log in as their user). ``durable``: an append-only file synced
     every second (a crash loses at most about a second of writes). ``detach``: in its own session, to
     outlive the command that started it. ``binary``: which redis-server (default:
-    :func:`redis_server_binary`).
+    :func:`redis_server_binary`). ``extra``: more lines of its config (a replica's ``replicaof``).
     """
     binary = binary or redis_server_binary()
     data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -122,6 +124,7 @@ def start_redis(
         users = data_dir / "users.acl"
         write_private(users, acl)
         lines.append(f"aclfile {users}")
+    lines.extend(extra)
     write_private(data_dir / "redis.conf", "\n".join(lines) + "\n")
     return subprocess.Popen(
         [binary, str(data_dir / "redis.conf")],

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from redis.connection import parse_url
 
+from . import sentinel
 from .errors import ConfigError
 from .network import redact
 from .units import parse_duration, parse_size
@@ -66,8 +67,14 @@ def check_redis_url(url: str) -> None:
 
 def _redis_url_problem(url: str) -> str | None:
     scheme = url.partition("://")[0] if "://" in url else ""
+    if sentinel.is_sentinel(url):
+        try:
+            sentinel.parse(url)
+        except ValueError as exc:
+            return str(exc)
+        return None
     if scheme not in _REDIS_SCHEMES:
-        return "expected redis://host:port/db, rediss:// or unix://"
+        return "expected redis://host:port/db, rediss://, unix:// or redis+sentinel://host:port,.../master"
     hostport = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
     port = hostport.rpartition(":")[2] if ":" in hostport and not hostport.endswith("]") else ""
     if port and not (port.isascii() and port.isdigit()):
@@ -137,6 +144,13 @@ class Settings:
     containment: str = dataclasses.field(default="auto", metadata=_read(str, check=_check_containment))
     #: A job's processes and threads may number at most this many (its cgroup's pids limit); 0: no limit.
     job_pids: int = dataclasses.field(default=4096, metadata=_read(_count, "not negative"))
+    #: A submit returns only once this many of Redis's replicas have the job (WAIT), so that one
+    #: acknowledged before the master died is on the replica promoted in its place; 0: the master only.
+    submit_replicas: int = dataclasses.field(default=0, metadata=_read(_count, "not negative"))
+    #: How long a submit waits for ``submit_replicas`` (seconds) before it fails, saying so.
+    submit_replicas_timeout: float = dataclasses.field(
+        default=5.0, metadata=_read(parse_duration, "positive")
+    )
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):

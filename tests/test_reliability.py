@@ -165,6 +165,21 @@ def test_one_idempotency_key_makes_one_job_however_many_submit_it(
     assert client.submit(["true"], idempotency_key="another").id != ids[0]
 
 
+def test_a_submit_sent_again_after_its_reply_was_lost_makes_no_second_job(client: Client) -> None:
+    # As redis-py sends a command again when the connection drops before the reply (a failover): the
+    # first send made the job, the second finds it, and no other id is tried.
+    jobs, scripts = client.stores.jobs, client.stores.jobs._scripts
+    one = jobs._submit_call("job-one", build_spec(command=["true"]), "", {}, None, None)
+    assert [scripts.run("submit", *one) for _ in range(2)] == [[1, b"job-one"]] * 2
+    two, three = build_spec(command=["true"]), build_spec(command=["false"])
+    batch = jobs._batch_call([("job-two", two), ("job-three", three)])
+    assert scripts.stream([("submit_many", *batch)] * 2) == [[1, 1], [1, 1]]
+    assert client.job_counts()[JobState.QUEUED] == 3
+    # Another submit of a taken id (another job: its own creation time, its own seal) makes nothing.
+    assert jobs.submit("job-one", build_spec(command=["true"]), "", {}) is None
+    assert jobs.submit_many([("job-two", build_spec(command=["true"]))]) == [None]
+
+
 def test_a_job_that_leaves_a_daemon_behind_ends_with_it_gone(
     client: Client, workers: Workers, tmp_path: Path
 ) -> None:

@@ -107,6 +107,17 @@ def test_every_field_is_read_from_its_variable() -> None:
         ("redis://user:s3cret@db:70000/0", r"redis://user:\*\*\*@db:70000/0 \(its port 70000"),
         ("http://db:6379/0", r"http://db:6379/0 \(expected redis://host:port/db"),
         ("redis://db:6379/0?db=x", r"redis://db:6379/0\?db=x \(Invalid value for 'db'"),
+        (
+            "redis+sentinel://u:s3cret@s1:26379,s2",
+            r"redis\+sentinel://u:\*\*\*@s1:26379,s2 \(it names no master",
+        ),
+        (
+            "redis+sentinel://s1:99999/gl",
+            r"redis\+sentinel://s1:99999/gl \(the port of 's1:99999' is not a port",
+        ),
+        ("redis+sentinel://s1,,s2/gl", r"redis\+sentinel://s1,,s2/gl \(a sentinel's address is empty"),
+        ("rediss+sentinel://s1/gl/x", r"rediss\+sentinel://s1/gl/x \(its database 'x' is not a number"),
+        ("redis+sentinel://s1/gl?ssl=1", r"redis\+sentinel://s1/gl\?ssl=1 \(a Sentinel URL takes no options"),
     ],
 )
 def test_a_redis_url_redis_cannot_use_is_refused_in_one_line_without_its_password(
@@ -124,7 +135,15 @@ def test_a_redis_url_redis_cannot_use_is_refused_in_one_line_without_its_passwor
 
 
 @pytest.mark.parametrize(
-    "url", ["redis://db:6379/0", "rediss://u:p@db/1", "unix:///run/redis.sock", "redis://[::1]:6379"]
+    "url",
+    [
+        "redis://db:6379/0",
+        "rediss://u:p@db/1",
+        "unix:///run/redis.sock",
+        "redis://[::1]:6379",
+        "redis+sentinel://u:p@s1:26379,s2,[::1]:26380/gl",
+        "rediss+sentinel://s1/gl/0",
+    ],
 )
 def test_the_redis_urls_redis_takes_are_kept(url: str) -> None:
     assert Settings(redis_url=url).redis_url == url

@@ -16,7 +16,7 @@ import click
 
 from .. import access as accesses
 from .. import home as local
-from .. import identities, tls
+from .. import identities, sentinel, tls
 from .. import installation as installations
 from ..client import Client
 from ..errors import ConfigError, ServerError
@@ -264,6 +264,8 @@ def _external(home: Path, redis_url: str, prefix: str) -> Installation:
 
 
 def _same_server(one: str, other: str) -> bool:
+    if sentinel.is_sentinel(one) or sentinel.is_sentinel(other):
+        return installations.endpoint_of(one) == installations.endpoint_of(other)
     a, b = urlsplit(one), urlsplit(other)
     return (a.hostname, a.port or 6379, a.path or "/0") == (b.hostname, b.port or 6379, b.path or "/0")
 

@@ -6,10 +6,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from redis import Redis
-from redis.backoff import NoBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
+from .. import sentinel
 from ..settings import check_redis_url
+
+#: How long a client of a Redis behind Sentinel keeps sending a command that lost its connection (s):
+#: through a failover (Sentinel's defaults take about 30 s to declare a master down and promote a
+#: replica), so a command waits for the new master instead of failing.
+FAILOVER_WAIT = 40.0
 
 #: Longest single block on Redis (ms) while waiting for a job or its logs; waits loop, so a
 #: dropped connection is noticed within this time. Stays well under the socket timeout.
@@ -20,20 +27,46 @@ def connect(
     url: str, *, ca: str | None = None, socket_timeout: float | None = 30.0, retries: int | None = None
 ) -> Redis:
     """A client for ``url``; nothing is sent until the first command. ``retries``: how often redis-py
-    itself retries a command that lost its connection (default: its own setting); a worker sets 0,
+    itself retries a command that lost its connection (default: its own setting, or through Sentinel
+    for up to :data:`FAILOVER_WAIT`); a worker sets 0,
     because it retries on its own terms and must notice a dead network within a lease.
 
     ``ca``: for a ``rediss://`` URL, the PEM of the one CA its certificate must be signed by (the
     installation's own, which signs nothing but its Redis's certificate, so the name in the
     certificate is not checked: a machine behind NAT reaches Redis by an address the certificate
-    cannot know). Without it, the system's CAs and the host name are checked, as for any TLS server."""
+    cannot know). Without it, the system's CAs and the host name are checked, as for any TLS server.
+
+    A Sentinel URL (:mod:`gpulayer.sentinel`) gives a client of the master the sentinels name, which
+    asks them again whenever it connects anew: a failover is followed without a restart."""
     check_redis_url(url)  # whoever gave it (an access, the SDK's Client(url)), one line, not redis-py's
-    scheme = urlsplit(url).scheme
-    options: dict[str, Any] = {"socket_connect_timeout": min(5.0, socket_timeout or 5.0)}
-    if scheme == "rediss":
-        options["ssl_cert_reqs"] = "required"
+    connect_timeout = min(5.0, socket_timeout or 5.0)
+    tls: dict[str, Any] = {}
+    if urlsplit(url).scheme in ("rediss", "rediss+sentinel"):
+        tls["ssl_cert_reqs"] = "required"
         if ca:
-            options.update(ssl_ca_data=ca, ssl_check_hostname=False)
+            tls.update(ssl_ca_data=ca, ssl_check_hostname=False)
+    options: dict[str, Any] = {"socket_connect_timeout": connect_timeout, **tls}
     if retries is not None:
         options["retry"] = Retry(NoBackoff(), retries)
-    return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
+    elif sentinel.is_sentinel(url):
+        options["retry"] = Retry(ExponentialBackoff(cap=1.0, base=0.05), round(FAILOVER_WAIT))
+    if not sentinel.is_sentinel(url):
+        return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
+    found = sentinel.parse(url)
+    if found.tls:
+        tls["ssl"] = options["ssl"] = True
+    # A sentinel that does not answer is passed over for the next: no retries of its own, short waits.
+    watchers = Sentinel(
+        found.sentinels,
+        sentinel_kwargs={"socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout, **tls},
+    )
+    client: Redis = watchers.master_for(
+        found.master,
+        db=found.db,
+        username=found.username,
+        password=found.password,
+        socket_timeout=socket_timeout,
+        health_check_interval=30,
+        **options,
+    )
+    return client

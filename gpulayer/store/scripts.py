@@ -33,7 +33,7 @@ from redis.connection import Connection, ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotReplicated
 from ..models import WORKER_LOST, JobState
 from ..settings import Settings
 from .histograms import RUN_BUCKETS, START_BUCKETS, bounds_ms
@@ -59,6 +59,8 @@ _NAMES = (
     "keep_checkpoint",
     "spoil",
 )
+#: The scripts whose writes a submit acknowledges: with ``submit_replicas``, replicas have them first.
+_SUBMITS = frozenset({"submit", "submit_many"})
 #: What Redis 7 answers a call of a function it does not have.
 _NO_FUNCTION = "Function not found"
 
@@ -195,6 +197,12 @@ class Scripts:
         #: Whether Redis has functions (7 and later), until a reply says it has not (6.2).
         self._functions = True
         self._held = HeldConnection(redis.connection_pool)
+        #: WAIT's arguments after a submit (replicas, milliseconds), or None.
+        self._wait = (
+            (settings.submit_replicas, round(settings.submit_replicas_timeout * 1000))
+            if settings.submit_replicas
+            else None
+        )
 
     def run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         """Call one script: see :meth:`calls`."""
@@ -207,7 +215,9 @@ class Scripts:
         any other error is raised once every reply is in. A connection lost on the way is retried
         as redis-py retries its commands."""
         commands = [self._command(name, keys, args) for name, keys, args in calls]
-        return self._settled(commands, self._exchange(commands, [{}] * len(commands)))
+        commands += (wait := self._waits(commands))
+        replies = self._exchange(commands, [{}] * len(commands))
+        return self._acknowledged(wait, self._settled(commands, replies))
 
     def _exchange(self, commands: list[tuple[Any, ...]], options: list[dict[str, Any]]) -> list[Any]:
         """Send ``commands`` at once on the held connection and read a reply to each, as redis-py
@@ -217,6 +227,7 @@ class Scripts:
         read = functools.partial(_reply, self._redis)
 
         def exchange(connection: Connection) -> list[Any]:
+            _connected(connection)
             connection.send_packed_command([_packed(commands)])  # type: ignore[no-untyped-call]
             return [read(connection, command[0], how) for command, how in zip(commands, options, strict=True)]
 
@@ -225,6 +236,32 @@ class Scripts:
                 lambda: exchange(connection),
                 lambda _: connection.disconnect(),  # type: ignore[no-untyped-call]
             )
+
+    def _waits(self, commands: Iterable[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """What to send after ``commands`` on their connection: a WAIT (which counts the replicas
+        that have every write of its connection so far) if they hold a submit and replicas are asked
+        for (``submit_replicas``); else nothing."""
+        if self._wait is None or not any(self._submits(command) for command in commands):
+            return []
+        return [("WAIT", *self._wait)]
+
+    def _submits(self, command: tuple[Any, ...]) -> bool:
+        return command[0] in ("FCALL", "EVALSHA") and self._library.names.get(command[1]) in _SUBMITS
+
+    def _acknowledged(self, wait: list[tuple[Any, ...]], replies: list[Any]) -> list[Any]:
+        """``replies`` without the WAIT's last one (see :meth:`_waits`); :class:`NotReplicated` if it
+        counted too few replicas."""
+        if not wait:
+            return replies
+        *replies, acknowledged = replies
+        wanted, milliseconds = wait[0][1:]
+        if acknowledged < wanted:
+            raise NotReplicated(
+                f"Redis's master has the job, but {acknowledged} of the {wanted} replicas asked for "
+                f"(GPULAYER_SUBMIT_REPLICAS) had it within {milliseconds / 1000:g} s: it is lost if the "
+                "master fails before they do"
+            )
+        return replies
 
     def _command(self, name: str, keys: list[str], args: list[Any]) -> tuple[Any, ...]:
         return (*self._library.head(name, self._functions), len(keys), *keys, *args, *self._settings)
@@ -247,7 +284,10 @@ class Scripts:
         commands = [args for args, _options in pipe.command_stack]
         if not commands:
             return []
-        return self._settled(commands, self._exchange(commands, [how for _args, how in pipe.command_stack]))
+        options = [how for _args, how in pipe.command_stack]
+        commands += (wait := self._waits(commands))
+        replies = self._exchange(commands, options + [{}] * len(wait))
+        return self._acknowledged(wait, self._settled(commands, replies))
 
     def stream(self, calls: Iterable[tuple[str, list[str], list[Any]]]) -> list[Any]:
         """Run the calls (script name, keys, args) in order on one connection, each sent before the
@@ -257,6 +297,7 @@ class Scripts:
         sent: list[tuple[Any, ...]] = []
         replies: list[Any] = []
         with self._held.connection() as connection:
+            _connected(connection)
             for name, keys, args in calls:
                 sent.append(self._command(name, keys, args))
                 connection.send_command(*sent[-1])  # type: ignore[no-untyped-call]
@@ -264,7 +305,11 @@ class Scripts:
                     replies.append(_reply(self._redis, connection, sent[-2][0], {}))
             if sent:
                 replies.append(_reply(self._redis, connection, sent[-1][0], {}))
-        return self._settled(sent, replies)
+            for command in (wait := self._waits(sent)):
+                sent.append(command)
+                connection.send_command(*command)  # type: ignore[no-untyped-call]
+                replies.append(_reply(self._redis, connection, command[0], {}))
+        return self._acknowledged(wait, self._settled(sent, replies))
 
     def _settled(self, commands: list[Any], replies: list[Any]) -> list[Any]:
         """The replies to ``commands``, once those Redis refused for want of a script went again
@@ -276,8 +321,15 @@ class Scripts:
             again = self._redis.pipeline(transaction=False)
             for index in refused:
                 again.execute_command(*self._recalled(commands[index]))  # type: ignore[no-untyped-call]
-            for index, reply in zip(refused, again.execute(raise_on_error=False), strict=True):
+            # Sent again on another connection, which the first WAIT does not count for.
+            wait = self._waits(commands[index] for index in refused)
+            for command in wait:
+                again.execute_command(*command)  # type: ignore[no-untyped-call]
+            results = again.execute(raise_on_error=False)
+            for index, reply in zip(refused, results[: len(refused)], strict=True):
                 replies[index] = reply
+            if wait:
+                replies[-1] = min(replies[-1], results[-1])
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
@@ -336,6 +388,14 @@ class HeldConnection:
             yield from _disconnected_on_error(self._held)
         finally:
             self._lock.release()
+
+
+def _connected(connection: Connection) -> None:
+    """Connect ``connection`` if it is not: through its own ``connect``, which for a connection to a
+    master behind Sentinel asks the sentinels where the master is now. A command sent on a connection
+    that lost its socket would connect again by itself, but to the address it had: after a failover,
+    the dead master's."""
+    connection.connect()  # type: ignore[no-untyped-call]  # at once if connected
 
 
 def _disconnected_on_error(connection: Connection) -> Iterator[Connection]:

@@ -35,6 +35,7 @@ import redis.exceptions
 from pydantic import ValidationError
 from redis import Redis
 from redis.client import Pipeline
+from redis.sentinel import SentinelConnectionPool
 from rq.command import parse_payload
 from rq.exceptions import StopRequested
 from rq.queue import Queue
@@ -888,7 +889,11 @@ def _aside(work: Callable[[], None]) -> None:
 def _address_towards(connection: Redis) -> str:
     """This machine's address on the route to Redis: what other workers, which reach the same Redis,
     most likely reach it at."""
-    kwargs = connection.connection_pool.connection_kwargs
+    pool = connection.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        host, port = pool.get_master_address()  # type: ignore[no-untyped-call]
+        return address_towards(host, int(port))
+    kwargs = pool.connection_kwargs
     host = kwargs.get("host")
     if not host:  # a Unix socket: Redis, and so every worker, is on this machine
         return "127.0.0.1"

@@ -7,7 +7,8 @@
 -- ARGV[5] the idempotency key's Redis key, or ''
 -- ARGV[6..] field, value pairs of the job's hash
 -- Returns {1, id} when created, {2, id of the existing job} for a used idempotency key, {0, ''} when
--- the id is taken.
+-- the id is taken. A submit sent again after its reply was lost (the connection dropped, the master
+-- failed over) finds its own job, of the same id and creation time: {1, id}, not a second job.
 if ARGV[5] ~= '' then
   local existing = redis.call('get', ARGV[5])
   if existing and redis.call('exists', key(K.job, existing)) == 1 then
@@ -15,6 +16,9 @@ if ARGV[5] ~= '' then
   end
 end
 if redis.call('exists', KEYS[1]) == 1 then
+  if redis.call('hget', KEYS[1], 'gl_score') == ARGV[2] then
+    return {1, ARGV[1]}
+  end
   return {0, ''}
 end
 redis.call('hset', KEYS[1], 'gl_score', ARGV[2], unpack(ARGV, 6))

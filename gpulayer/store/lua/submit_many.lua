@@ -5,7 +5,8 @@
 -- ARGV[3] score of the first job: creation time in µs (each next job's is one more, so they list in order)
 -- ARGV[4] n, the number of field, value pairs every job's hash holds, then those 2n values
 -- then, per job: id, description, spec, seal
--- Returns one integer per job: 1 created, 0 id taken.
+-- Returns one integer per job: 1 created, 0 id taken. A call sent again after its reply was lost finds
+-- its own jobs (the same id and seal) and answers 1 for each, making none twice.
 local shared_count = tonumber(ARGV[4])
 local shared = {}
 for i = 5, 4 + 2 * shared_count do
@@ -19,7 +20,10 @@ local waiting = 0
 for i = 5 + 2 * shared_count, #ARGV, 4 do
   local id = ARGV[i]
   local job = key(K.job, id)
-  if redis.call('exists', job) == 1 then
+  if redis.call('hget', job, 'gl_seal') == ARGV[i + 3] then
+    score = score + 1
+    replies[#replies + 1] = 1
+  elseif redis.call('exists', job) == 1 then
     replies[#replies + 1] = 0
   else
     redis.call('hset', job, 'description', ARGV[i + 1], 'gl_spec', ARGV[i + 2], 'gl_seal', ARGV[i + 3],
