@@ -1,5 +1,5 @@
 """Redis Sentinel: an installation made through a Sentinel URL, two workers joined under identities of
-their own, jobs running and queued, and the master killed with SIGKILL (tests/sentinels.py)."""
+their own, jobs running and queued, and the master killed with SIGKILL (benchmarks/_sentinels.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,12 @@ import redis
 from gpulayer import Client, JobState, NotReplicated, Settings
 from gpulayer import access as accesses
 from tests.conftest import WAIT, gpulayer, wait_for
-from tests.sentinels import Replicated, start_replicated
+
+# The harness benchmarks/failover.py uses too, imported as the benchmarks import each other; appended,
+# so that nothing there shadows a module the other tests import.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+from _sentinels import Replicated, start_replicated
 
 #: A lease well past a failover (the sentinels take about 2 s), short enough for a quick test.
 LEASE = ("--lease-ttl", "6", "--heartbeat", "1")

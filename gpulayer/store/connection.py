@@ -13,6 +13,10 @@ from redis.sentinel import Sentinel
 from .. import sentinel
 from ..settings import check_redis_url
 
+#: The first wait (s) before a worker or client tries a Redis it lost again, doubling after each
+#: failure: short, as a promoted replica answers within moments of the sentinels naming it.
+RECONNECT_AFTER = 0.25
+
 #: How long a client of a Redis behind Sentinel keeps sending a command that lost its connection (s):
 #: through a failover (Sentinel's defaults take about 30 s to declare a master down and promote a
 #: replica), so a command waits for the new master instead of failing.
@@ -49,7 +53,9 @@ def connect(
     if retries is not None:
         options["retry"] = Retry(NoBackoff(), retries)
     elif sentinel.is_sentinel(url):
-        options["retry"] = Retry(ExponentialBackoff(cap=1.0, base=0.05), round(FAILOVER_WAIT))
+        options["retry"] = Retry(
+            ExponentialBackoff(cap=RECONNECT_AFTER, base=0.05), round(FAILOVER_WAIT / RECONNECT_AFTER)
+        )
     if not sentinel.is_sentinel(url):
         return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
     found = sentinel.parse(url)

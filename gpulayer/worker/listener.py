@@ -17,6 +17,8 @@ from typing import Any
 import redis.exceptions
 from redis import Redis
 
+from ..store.connection import RECONNECT_AFTER
+
 log = logging.getLogger("gpulayer.worker")
 
 Handler = Callable[[dict[str, Any]], None]
@@ -42,15 +44,15 @@ class Listener(threading.Thread):
             self._wanted = dict(channels)
 
     def run(self) -> None:
-        backoff = 1.0
+        backoff = RECONNECT_AFTER
         while not self._stopping.is_set():
             try:
                 self._apply()
                 self._pubsub.get_message(timeout=_READ_TIMEOUT)
-                backoff = 1.0
+                backoff = RECONNECT_AFTER
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 # redis-py subscribes again to every channel when it reconnects.
-                log.error("pub/sub connection lost (%s); retrying in %.0f s", exc, backoff)
+                log.error("pub/sub connection lost (%s); retrying in %.2g s", exc, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 30.0)
 

@@ -49,6 +49,7 @@ from ..models import MAX_SPEC_BYTES, ActivitySample, JobSpec, JobState, validati
 from ..network import address_towards
 from ..settings import Settings
 from ..signing import Keyring, ResultSigner, Verified, check_job
+from ..store.connection import RECONNECT_AFTER
 from ..store.execution import Claim, Claimed, ClaimRequest
 from ..store.gangs import Hold
 from ..store.jobs import parse_spec
@@ -461,7 +462,7 @@ class Worker(BaseWorker):
         """Wait for a free slot and a queued job; claim as many jobs as there are free slots.
         Returns None to end the loop: a stop, an empty queue in burst mode (``timeout`` None), or idleness."""
         idle_since = time.monotonic()
-        backoff = 1.0
+        backoff = RECONNECT_AFTER
         while not self._stopping:
             if self._expired():
                 return None
@@ -475,7 +476,7 @@ class Worker(BaseWorker):
                 if self._place_now or (self._gangs and time.monotonic() >= self._next_placement):
                     self._place_gangs()
                 outcome = self._try_claim()
-                backoff = 1.0
+                backoff = RECONNECT_AFTER
                 if outcome in ("took", "again"):
                     continue
                 if outcome == "nothing" and timeout is None and not self._claims():
@@ -498,7 +499,7 @@ class Worker(BaseWorker):
                 return None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
                 log.error(
-                    "worker %s: cannot reach Redis (%s); retrying in %.0f s", self.display_name, exc, backoff
+                    "worker %s: cannot reach Redis (%s); retrying in %.2g s", self.display_name, exc, backoff
                 )
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.heartbeat_interval)
