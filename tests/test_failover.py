@@ -21,6 +21,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from _sentinels import Replicated, start_replicated
 
+RQ_QUEUE = "gpulayer.rq_tools.Queue"
 #: A lease well past a failover (the sentinels take about 2 s), short enough for a quick test.
 LEASE = ("--lease-ttl", "6", "--heartbeat", "1")
 
@@ -105,6 +106,28 @@ def test_a_submit_asking_for_more_replicas_than_answer_says_so_and_the_job_is_ke
     assert submitted.returncode == 1
     assert submitted.stderr.count("\n") == 1
     assert "1 of the 2 replicas" in submitted.stderr
+    # RQ's own CLI, pointed at the master by the Sentinel URL, sees the installation's queue.
+    submitter = accesses.load(tmp_path / "admin", "submitter")
+    assert submitter is not None
+    seen = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rq.cli",
+            "info",
+            "-c",
+            "gpulayer.rq_tools",
+            "--queue-class",
+            "gpulayer.rq_tools.Queue",
+        ],
+        env={**env, "GPULAYER_REDIS_URL": submitter.redis_url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert seen.returncode == 0, seen.stderr
+    assert "1 queues, 4 jobs total" in seen.stdout, seen.stdout
 
 
 def acl_users(nodes: Replicated, port: int) -> list[str]:
