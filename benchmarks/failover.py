@@ -13,9 +13,10 @@ failover). Measured from the kill:
 * **interrupted jobs done**: the last of the four running jobs ended (each had about 2 s left);
 
 and whether every job succeeded on its first attempt (nothing lost but the leases renewed late) with
-the same worker processes.
+the same worker processes. Before the first trial's kill, what waiting for the replica costs a
+submit: ``--submits`` submits one after the other with ``GPULAYER_SUBMIT_REPLICAS`` 0 and 1.
 
-    python benchmarks/failover.py [--trials 3]
+    python benchmarks/failover.py [--trials 3] [--submits 500]
 """
 
 from __future__ import annotations
@@ -62,7 +63,21 @@ def _switched(made: Replicated, seen: list[float], ready: threading.Event) -> No
     watcher.close()
 
 
-def trial(folder: Path) -> dict[str, float | bool]:
+def submit_ms(admin: Path, replicas: int, submits: int) -> float:
+    """Milliseconds per submit, one after the other, waiting for ``replicas`` replicas each."""
+    submitter = accesses.load(admin, "submitter")
+    assert submitter is not None
+    client = Client(access=submitter, settings=Settings(home=admin, submit_replicas=replicas))
+    client.submit(["true"])  # connected: not timed
+    started = time.perf_counter()
+    for _ in range(submits):
+        client.submit(["true"])
+    spent = (time.perf_counter() - started) / submits * 1000
+    client.close()
+    return spent
+
+
+def trial(folder: Path, submits: int = 0) -> dict[str, float | bool]:
     made = start_replicated(folder / "nodes")
     workers = []
     try:
@@ -77,10 +92,11 @@ def trial(folder: Path) -> dict[str, float | bool]:
                 "GPULAYER_LOG_LEVEL": "WARNING",
             }
             workers.append(spawn(command, env=env))
+        costs = {f"submit_ms_replicas_{n}": submit_ms(admin, n, submits) for n in (0, 1)} if submits else {}
         submitter = accesses.load(admin, "submitter")
         assert submitter is not None
         client = Client(access=submitter, settings=Settings(home=admin, submit_replicas=1))
-        while len(client.workers()) < 2:
+        while len(client.workers()) < 2 or client.job_counts()[JobState.QUEUED]:
             time.sleep(0.05)
         running = [client.submit(["sleep", "2"]) for _ in range(4)]
         while not all(job.status().state is JobState.RUNNING for job in running):
@@ -109,6 +125,7 @@ def trial(folder: Path) -> dict[str, float | bool]:
                 record.state is JobState.SUCCEEDED and len(record.attempts) == 1 for record in records
             ),
             "same_workers": all(worker.poll() is None for worker in workers),
+            **costs,
         }
         client.close()
         after.close()
@@ -128,11 +145,12 @@ def _at(moment: datetime | None) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--submits", type=int, default=500)
     options = parser.parse_args()
     trials = []
     for number in range(options.trials):
         with tempfile.TemporaryDirectory() as tmp:
-            trials.append(trial(Path(tmp)))
+            trials.append(trial(Path(tmp), options.submits if number == 0 else 0))
         print(f"trial {number + 1}: {trials[-1]}", file=sys.stderr)
     summary = {
         name: median([float(t[name]) for t in trials])
@@ -146,13 +164,16 @@ def main() -> None:
             t["all_first_attempt"] and t["same_workers"] for t in trials
         ),
     }
+    waiting = trials[0].get("submit_ms_replicas_1", 0.0) / trials[0].get("submit_ms_replicas_0", 1.0)
+    result["submit_cost_ratio_replicas_1_to_0"] = waiting
     path = save("failover", result)
     print(
         f"sentinels {summary['sentinels_s']:.2f} s; first new job started "
         f"{summary['first_new_job_started_s']:.2f} s ({result['ratio_first_new_job_to_sentinels']:.2f}x); "
         "interrupted jobs done "
         f"{summary['interrupted_jobs_done_s']:.2f} s; every job on its first attempt, same workers: "
-        f"{result['every_job_first_attempt_same_workers']} -> {path}"
+        f"{result['every_job_first_attempt_same_workers']}; a submit waiting for the replica costs "
+        f"{waiting:.2f}x one that does not -> {path}"
     )
 
 

@@ -3,15 +3,18 @@ their own, jobs running and queued, and the master killed with SIGKILL (benchmar
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from gpulayer import Client, JobState, NotReplicated, Settings
+from gpulayer import Client, JobState, NotReplicated, Settings, sentinel
 from gpulayer import access as accesses
 from tests.conftest import WAIT, gpulayer, wait_for
 
@@ -138,3 +141,43 @@ def acl_users(nodes: Replicated, port: int) -> list[str]:
         return []
     finally:
         node.close()
+
+
+def test_a_sentinel_learns_no_password_of_any_role(
+    nodes: Replicated, env: dict[str, str], tmp_path: Path
+) -> None:
+    # A listener on the first sentinel's address records what a client sends it: the client asks it
+    # where the master is, gets nonsense, and asks the next, a real one; the role's password goes to
+    # the master only.
+    made = gpulayer(_admin_env(env, tmp_path), "access", "init", "--redis-url", nodes.url(), "--apply")
+    assert made.returncode == 0, made.stderr
+    heard: list[bytes] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10)
+
+    def record() -> None:
+        with contextlib.suppress(OSError):
+            peer, _ = listener.accept()
+            peer.settimeout(1)
+            with peer, contextlib.suppress(OSError):
+                heard.append(peer.recv(65536))
+                peer.sendall(b"-ERR not a sentinel\r\n")
+
+    recording = threading.Thread(target=record)
+    recording.start()
+    submitter = accesses.load(tmp_path / "admin", "submitter")
+    assert submitter is not None
+    password = sentinel.parse(submitter.redis_url).password
+    assert password
+    fake = f"127.0.0.1:{listener.getsockname()[1]}"
+    url = submitter.redis_url.replace("@", f"@{fake},", 1)
+    client = Client(access=submitter.with_url(url), settings=Settings(home=tmp_path / "admin"))
+    try:
+        assert client.submit(["true"]).status().state is JobState.QUEUED
+    finally:
+        client.close()
+        recording.join(15)
+        listener.close()
+    assert heard
+    assert b"AUTH" not in heard[0].upper()
+    assert password.encode() not in heard[0]
