@@ -112,8 +112,10 @@ def test_a_live_workers_name_is_refused_unless_taken_over_on_purpose(
 
 def test_sigterm_lets_running_jobs_finish(client: Client, workers: Workers) -> None:
     process = workers.start()
-    job = client.submit(["sh", "-c", "sleep 1; echo finished"])
-    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    job = client.submit(["sh", "-c", "echo started; sleep 1; echo finished"])
+    # Its process runs (a claimed job is marked running before it starts; one not yet started when
+    # the worker is asked to stop goes back to its queue instead).
+    wait_for(lambda: any(line.text == "started" for line in job.logs()), what="the job to run")
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 0
     record = job.status()
@@ -125,8 +127,8 @@ def test_a_second_sigterm_stops_jobs_and_puts_them_back_in_their_queue(
     client: Client, workers: Workers
 ) -> None:
     process = workers.start(name="w1")
-    job = client.submit(["sleep", "300"])
-    wait_for(lambda: job.status().state is JobState.RUNNING, what="the job to run")
+    job = client.submit(["sh", "-c", "echo started; sleep 300"])
+    wait_for(lambda: any(line.text == "started" for line in job.logs()), what="the job to run")
     process.send_signal(signal.SIGTERM)
     # Only once the first is handled does a second one mean "stop now".
     wait_for(lambda: "then stopping; signal again" in workers.log("w1"), what="the warm shutdown")
