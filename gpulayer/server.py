@@ -105,17 +105,7 @@ def start_redis(
         f"appendonly {'yes' if durable else 'no'}",
         "appendfsync everysec",
     ]
-    if tls is None:
-        lines.append(f"port {port}")
-    else:
-        lines += [
-            "port 0",
-            f"tls-port {port}",
-            f"tls-cert-file {tls.cert}",
-            f"tls-key-file {tls.key}",
-            f"tls-ca-cert-file {tls.ca}",
-            "tls-auth-clients no",
-        ]
+    lines += listening(port, tls)
     if redis_version(binary) >= (7,):
         lines += ["enable-protected-configs no", "enable-debug-command no", "enable-module-command no"]
     else:
@@ -134,6 +124,22 @@ def start_redis(
         start_new_session=detach,
         umask=0o077,
     )
+
+
+def listening(port: int, tls: ServerFiles | None) -> list[str]:
+    """The lines of a redis-server's (or a sentinel's) config that make it listen on ``port``: over TLS
+    only, with that certificate, where ``tls`` is given (clients are not asked for one: they log in
+    as their user)."""
+    if tls is None:
+        return [f"port {port}"]
+    return [
+        "port 0",
+        f"tls-port {port}",
+        f"tls-cert-file {tls.cert}",
+        f"tls-key-file {tls.key}",
+        f"tls-ca-cert-file {tls.ca}",
+        "tls-auth-clients no",
+    ]
 
 
 def wait_ready(

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from gpulayer import Client, JobState, NotReplicated, Settings, sentinel
+from gpulayer import Client, JobState, NotReplicated, Settings, sentinel, tls
 from gpulayer import access as accesses
+from gpulayer.store.connection import connect
 from tests.conftest import WAIT, gpulayer, wait_for
 
 # The harness benchmarks/failover.py uses too, imported as the benchmarks import each other; appended,
@@ -181,3 +182,35 @@ def test_a_sentinel_learns_no_password_of_any_role(
     assert heard
     assert b"AUTH" not in heard[0].upper()
     assert password.encode() not in heard[0]
+
+
+def test_over_tls_sentinels_and_master_must_hold_certificates_the_installations_ca_signed(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    files = tls.ensure(tmp_path / "ca", ["127.0.0.1", "localhost"])
+    made = start_replicated(tmp_path / "nodes", tls=files)
+    workers = []
+    try:
+        init = ("access", "init", "--redis-url", made.url(), "--apply", "--ca-file", str(files.ca))
+        applied = gpulayer(_admin_env(env, tmp_path), *init)
+        assert applied.returncode == 0, applied.stderr
+        workers.append(_join(env, tmp_path, "w1"))
+        client = _client(tmp_path)
+        assert client.redis_url.startswith("rediss+sentinel://")
+        assert client.submit(["echo", "over tls"]).wait(WAIT).state is JobState.SUCCEEDED
+        made.kill_master()
+        assert client.submit(["echo", "after"]).wait(WAIT).state is JobState.SUCCEEDED
+        client.close()
+        # Another CA's view: neither a sentinel nor a master it did not sign is believed.
+        other = tls.ensure(tmp_path / "other-ca", ["127.0.0.1"]).ca.read_text()
+        stranger = connect(client.redis_url, ca=other, retries=0)
+        with pytest.raises(
+            redis.exceptions.ConnectionError, match=r"(?s)No master found .*certificate verify failed"
+        ):
+            stranger.ping()
+        stranger.close()
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait(10)
+        made.stop()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from gpulayer import access as accesses
 from gpulayer import sentinel
 from gpulayer.errors import ConfigError
 from gpulayer.installation import Installation, endpoint_of
+from gpulayer.network import free_port, unreachable
 
 
 def test_a_sentinel_url_names_its_sentinels_master_database_and_user() -> None:
@@ -41,3 +43,17 @@ def test_every_role_of_an_installation_on_sentinels_gets_a_sentinel_url_without_
 def test_a_sentinel_url_naming_another_database_is_refused_as_a_plain_one_is() -> None:
     with pytest.raises(ConfigError, match=r"^redis\+sentinel://s1/gl/3 names database 3"):
         endpoint_of("redis+sentinel://s1/gl/3")
+
+
+def test_no_sentinel_answering_is_said_in_one_line_without_the_clients_settings() -> None:
+    watchers = Sentinel(
+        [("127.0.0.1", free_port()), ("127.0.0.1", free_port())], sentinel_kwargs={"password": "s3cret"}
+    )
+    with pytest.raises(MasterNotFoundError) as raised:
+        watchers.discover_master("gl")
+    said = unreachable(raised.value)
+    assert said.startswith("No master found for 'gl' : ")
+    assert said.count("Connection refused") == 2
+    assert "\n" not in said
+    assert "<redis.client" not in said
+    assert "s3cret" not in said
