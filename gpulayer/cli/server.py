@@ -80,9 +80,9 @@ _NOT_INHERITED = ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)
     "--redis-server",
     envvar=builds.SERVER_VARIABLE,
     metavar="PATH",
-    help="The redis-server or valkey-server to start as the embedded Redis (default: the one that wrote "
-    "its data, or the newest that reads it; the newest here for a new home). Refused if it cannot read "
-    f"the data there. Default: {builds.SERVER_VARIABLE}.",
+    help="The redis-server or valkey-server to start as the embedded Redis (also read from "
+    f"{builds.SERVER_VARIABLE}); refused if it cannot read the data there. Without it: the newest here "
+    "that reads the data, of the family that wrote it if one does (docs/deploy.md#valkey).",
 )
 def up(
     redis_url: str | None,
