@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 from pydantic import BaseModel, ValidationError
@@ -36,13 +37,21 @@ class LocalState(BaseModel):
 
 
 def load(home: Path) -> LocalState | None:
-    path = home / STATE_FILE
+    return read_record(home / STATE_FILE, LocalState, "remove it and run `gpulayer up` again")
+
+
+Record = TypeVar("Record", bound=BaseModel)
+
+
+def read_record(path: Path, model: type[Record], damaged: str) -> Record | None:
+    """The ``model`` kept in ``path``; None if there is none; :class:`ConfigError` (``path`` is
+    damaged: ``damaged`` says what to do) if it cannot be read as one."""
     try:
-        return LocalState.model_validate_json(path.read_bytes())
+        return model.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         return None
     except ValidationError:
-        raise ConfigError(f"{path} is damaged; remove it and run `gpulayer up` again") from None
+        raise ConfigError(f"{path} is damaged; {damaged}") from None
 
 
 def save(home: Path, state: LocalState) -> None:

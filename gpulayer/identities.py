@@ -20,9 +20,10 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
-from redis.exceptions import NoPermissionError, RedisError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
 from . import access as accesses
 from . import home as local
@@ -40,9 +41,9 @@ from .store.replicas import replicas
 from .store.scripts import load_library
 from .store.stores import Stores
 
-#: How an admin command left Redis: its users saved in its ACL file; made, but only until Redis
-#: restarts (it has no ACL file, or may not write it: the next admin command makes them again); or
-#: `up`'s embedded Redis is stopped, and the next `up` makes them.
+#: How an admin command left Redis: its users saved (in its ACL file, else its config file); made,
+#: but only until Redis restarts (it has neither, or may not write them: `gpulayer access apply`
+#: makes them again); or `up`'s embedded Redis is stopped, and the next `up` makes them.
 Applied = Literal["saved", "unsaved", "stopped"]
 
 
@@ -103,11 +104,27 @@ def revoke(home: Path, name: str) -> tuple[Applied, int]:
     return applied, moved
 
 
-def resync(home: Path) -> Applied:
-    """Bring Redis in step with the installation kept in ``home`` (:func:`sync`), changing nothing
-    of it: after an upgrade, where a Redis of the user's own runs without `up`."""
+def apply(home: Path, login_url: str | None = None) -> Applied:
+    """(Re)make the installation kept in ``home`` on its Redis (:func:`sync`), changing nothing of it:
+    after an upgrade, or a restart of a Redis of the user's own that lost its users. ``login_url``:
+    how to log in to that server (a user allowed ACL SETUSER) when the installation's admin user is
+    not there to; its database is the installation's."""
     installation = installations.load_admin(home)
-    return _commit(home, installation, installation)
+    if login_url is None:
+        return _commit(home, installation, installation)
+    return make_on(_login(installation, login_url), installation)
+
+
+def _login(installation: Installation, login_url: str) -> str:
+    """``login_url`` in the installation's database: the registry is written there (Redis users and
+    functions are the server's, in every database alike)."""
+    given, ours = urlsplit(login_url), urlsplit(installation.endpoint)
+    if given.path.strip("/") in ("", ours.path.strip("/")):
+        return urlunsplit(given._replace(path=ours.path))
+    raise ConfigError(
+        f"{redact(login_url)} names database {given.path.strip('/')!r}; the installation's is "
+        f"{ours.path.strip('/') or '0'!r}: leave the database out"
+    )
 
 
 def listing(home: Path) -> list[Listed]:
@@ -136,10 +153,11 @@ def listing(home: Path) -> list[Listed]:
 
 
 def sync(installation: Installation, redis: Redis) -> bool:
-    """Make Redis agree with ``installation``: each shared role's and valid identity's user made (with
+    """Make Redis agree with ``installation``, through ``redis`` (its admin's, or any user allowed ACL
+    SETUSER and FUNCTION LOAD), idempotently: each shared role's and valid identity's user made (with
     the rules of this version) on the master and every replica (:func:`_users`), this version's
     scripts loaded, and the registry holding exactly the valid identities' records: whether every
-    node saved its users (see :data:`Applied`)."""
+    node kept its users across its restarts (see :data:`Applied`)."""
     keys = Keys(installation.prefix)
     saved = _users(installation, redis)
     for replica in replicas(redis):  # users are not replicated: a promoted replica needs its own
@@ -156,7 +174,7 @@ def sync(installation: Installation, redis: Redis) -> bool:
 def _users(installation: Installation, node: Redis) -> bool:
     """Make one node's users agree with ``installation``: the wanted ones made, every other user of
     its identities gone (revoked, expired, and the worker user all workers shared before they had
-    identities); saved to the node's ACL file: whether they were."""
+    identities); kept across the node's restarts (:func:`gpulayer.store.acl.save`): whether they are."""
     keys = Keys(installation.prefix)
     wanted = installation.users()
     acl.apply(node, keys, wanted, disable_default=False)
@@ -171,20 +189,24 @@ def _users(installation: Installation, node: Redis) -> bool:
     return acl.save(node)
 
 
-def make_on(redis_url: str, installation: Installation) -> None:
+def make_on(redis_url: str, installation: Installation) -> Applied:
     """Make ``installation``'s users and publish its identities on a Redis the user runs, through
-    ``redis_url`` (a user allowed ACL SETUSER). The default user is left as it is: other programs may
-    use it."""
+    ``redis_url`` (a user allowed ACL SETUSER), and keep them across its restarts where it can
+    (:func:`gpulayer.store.acl.save`). The default user is left as it is: other programs may use it."""
     redis = connect(redis_url, ca=installation.ca)
     try:
-        sync(installation, redis)
+        return "saved" if sync(installation, redis) else "unsaved"
     except NoPermissionError:
         raise ConfigError(
             f"the user in {redact(redis_url)} may not make Redis users (ACL SETUSER): give an admin's URL, "
             "or apply the rules `gpulayer access init --redis-url URL` prints as one"
         ) from None
+    except AuthenticationError as exc:
+        raise ConfigError(f"Redis at {redact(redis_url)} refused that login: {exc}") from None
     except ResponseError as exc:
         raise ConfigError(f"Redis refused the roles: {exc}") from None
+    except RedisError as exc:
+        raise ConfigError(f"cannot reach Redis at {redact(redis_url)}: {exc}") from None
     finally:
         redis.close()
 
@@ -219,6 +241,13 @@ def _admin(installation: Installation) -> Iterator[Redis]:
     try:
         try:
             redis.ping()
+        except AuthenticationError as exc:
+            # Its users gone: a restart of a Redis that kept them nowhere (docs/security.md).
+            raise ConfigError(
+                f"the installation's Redis at {redact(url)} refused its admin ({exc}): if it lost its "
+                "users, `gpulayer access apply --redis-url redis://USER:PASSWORD@HOST:PORT` as a user "
+                "of it allowed ACL SETUSER makes them again"
+            ) from None
         except RedisError as exc:
             raise ConfigError(f"cannot reach the installation's Redis at {redact(url)}: {exc}") from None
         yield redis

@@ -212,15 +212,9 @@ def endpoint_of(redis_url: str) -> str:
 
 
 def load(home: Path) -> Installation | None:
-    path = home / FILE
-    try:
-        return Installation.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except ValidationError:
-        raise ConfigError(
-            f"{path} is damaged: the installation's keys and passwords cannot be read"
-        ) from None
+    return local.read_record(
+        home / FILE, Installation, "the installation's keys and passwords cannot be read"
+    )
 
 
 def load_admin(home: Path) -> Installation:

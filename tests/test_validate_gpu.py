@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpulayer.inventory import GPU, Resources
+from tests.conftest import session_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
@@ -41,7 +42,7 @@ def run_script(
     *args: str, path: str, extra: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("GPULAYER_")}
-    env.update(PATH=path, **(extra or {}))
+    env.update(PATH=path, **session_server(), **(extra or {}))
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
         env=env,

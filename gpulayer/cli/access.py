@@ -15,7 +15,7 @@ from .. import home as local
 from .. import identities, tls
 from .. import installation as installations
 from ..models import AccessRole, IdentityRole
-from ..settings import Settings
+from ..settings import Settings, check_redis_url
 from .app import duration
 from .server import join_host
 
@@ -103,8 +103,7 @@ def init(
     worker_access = None
     if worker is not None:
         made, worker_access = made.enrol("worker", worker)
-    if apply:
-        identities.make_on(redis_url, made)
+    applied = identities.make_on(redis_url, made) if apply else None
     installations.save(home, made)
     made.save_accesses(home)
     if worker_access is not None:
@@ -117,7 +116,10 @@ def init(
             f"the roles' Redis users are in {aclfile}; their access is kept in {accesses.folder(home)}"
         )
         return
-    if apply:
+    if applied is not None:
+        # Exit 0 even where Redis could not keep them: they are made and work until it restarts, and
+        # the installation is kept (a second `access init` would refuse it); the note says what to do.
+        _say(applied, "they are made")
         click.echo(f"the roles' Redis users are made; their access is kept in {accesses.folder(home)}")
         return
     click.echo("# Run these as an admin of that Redis (redis-cli), then `gpulayer up --redis-url URL`:")
@@ -136,13 +138,33 @@ def _redis_tls(home: Path, redis_url: str, folder: Path) -> str:
     return files.ca.read_text()
 
 
+@access_group.command(name="apply")
+@click.option(
+    "--redis-url",
+    metavar="ADMIN_URL",
+    help="How to log in to that Redis as a user allowed ACL SETUSER, when the installation's own admin "
+    "user is gone (after a restart that lost the users: redis://default:PASSWORD@HOST:PORT). "
+    "Default: the installation's admin.",
+)
+def apply_command(redis_url: str | None) -> None:
+    """Make the installation's Redis users again, as this version makes them, from the machine that
+    holds it: each shared role's and valid identity's user (passwords kept, revoked and expired ones
+    removed), the installation's scripts and identity registry; then keep them across Redis's
+    restarts (its ACL file, else its config file: docs/security.md). Idempotent. Run it after an
+    upgrade, or after a restart of your own Redis that lost its users. `gpulayer up` does this itself."""
+    _apply(redis_url)
+
+
 @access_group.command()
 def sync() -> None:
-    """Bring the installation's Redis up to this version of GPUlayer, as its admin: the roles' Redis
-    users with this version's rules (their passwords kept) and the installation's scripts, which on
-    Redis 7 only the admin may load. `gpulayer up` does this itself; run it after an upgrade, where
-    a Redis of your own (or the Compose stack's) runs without `up`."""
-    applied = identities.resync(Settings.from_env().home)
+    """The same as `gpulayer access apply` (its older name), as the installation's admin."""
+    _apply(None)
+
+
+def _apply(redis_url: str | None) -> None:
+    if redis_url is not None:
+        check_redis_url(redis_url)
+    applied = identities.apply(Settings.from_env().home, redis_url)
     _say(applied, "they are made")
     if applied != "stopped":
         click.echo("the roles' Redis users and the installation's scripts are this version's")
@@ -201,8 +223,9 @@ def _say(applied: identities.Applied, what: str) -> None:
         click.echo(f"note: {what} at the next `gpulayer up`", err=True)
     elif applied == "unsaved":
         click.echo(
-            "note: Redis could not save its users to an ACL file (it has none, or may not write it): "
-            "a restart of Redis undoes this until the next `gpulayer access` command here",
+            "note: Redis cannot keep its users across a restart (no ACL file nor config file to save "
+            "them to, or this user may not): after one, run `gpulayer access apply --redis-url "
+            "ADMIN_URL` here, or keep them as docs/security.md says",
             err=True,
         )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -13,18 +14,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
+from click.core import ParameterSource
 
 from .. import access as accesses
+from .. import builds, identities, sentinel, tls
 from .. import home as local
-from .. import identities, sentinel, tls
 from .. import installation as installations
 from ..client import Client
 from ..errors import ConfigError, ServerError
 from ..installation import Installation
 from ..network import address_towards, free_port
 from ..server import (
-    redis_server_binary,
-    redis_version,
     shutdown_redis,
     start_redis,
     supports_tls,
@@ -76,6 +76,14 @@ _NOT_INHERITED = ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)
     type=click.IntRange(1, 65535),
     help=f"Port of the HTTP API on 127.0.0.1 (default {WEB_PORT}, or a free one if it is taken).",
 )
+@click.option(
+    "--redis-server",
+    envvar=builds.SERVER_VARIABLE,
+    metavar="PATH",
+    help="The redis-server or valkey-server to start as the embedded Redis (also read from "
+    f"{builds.SERVER_VARIABLE}); refused if it cannot read the data there. Without it: the newest here "
+    "that reads the data, of the family that wrote it if one does (docs/deploy.md#valkey).",
+)
 def up(
     redis_url: str | None,
     port: int | None,
@@ -86,15 +94,19 @@ def up(
     gpus: str | None,
     run_as: str | None,
     web_port: int | None,
+    redis_server: str | None,
 ) -> None:
     """Start GPUlayer here: an embedded Redis (unless --redis-url is given), a local worker (with an
     identity of its own, named after it) and the HTTP API, all in the background, each with a Redis
     user of its own. Says how to add another machine (`gpulayer access add worker NAME`), and, the
     first time, prints an admin token."""
     settings = Settings.from_env(redis_url=redis_url)
+    given = click.get_current_context().get_parameter_source("redis_server") is ParameterSource.COMMANDLINE
+    if given and settings.redis_url:
+        raise click.UsageError("--redis-server picks the embedded Redis: not with --redis-url")
     home = local.private_folder(settings.home)
     previous = local.load(home)
-    options = (redis_url, port, bind, name, slots, gpus, run_as, web_port)
+    options = (redis_url, port, bind, name, slots, gpus, run_as, web_port, redis_server if given else None)
     changes = any(option is not None for option in options)
     if previous and _all_running(previous):
         click.echo(
@@ -108,7 +120,8 @@ def up(
         installation = _external(home, settings.redis_url, settings.prefix)
         state = local.LocalState(embedded=False)
     else:
-        installation, state = _start_embedded(home, previous, settings.prefix, port, bind, insecure)
+        where = Where(port, bind, insecure, redis_server)
+        installation, state = _start_embedded(home, previous, settings.prefix, where)
     installation.save_accesses(home)
     if previous:
         _carry_over(previous, state)
@@ -172,13 +185,19 @@ def down(timeout: float) -> None:
     local.save(settings.home, state)
 
 
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """How `up` was asked to run the embedded Redis: its port and address, plain TCP off loopback, and
+    which server (a path; None: :func:`gpulayer.builds.choose` picks)."""
+
+    port: int | None
+    bind: str | None
+    insecure: bool
+    server: str | None
+
+
 def _start_embedded(
-    home: Path,
-    previous: local.LocalState | None,
-    prefix: str,
-    port: int | None,
-    bind: str | None,
-    insecure: bool,
+    home: Path, previous: local.LocalState | None, prefix: str, asked: Where
 ) -> tuple[Installation, local.LocalState]:
     """Start the embedded Redis with a user per role, or keep the one still running; passwords, keys
     and port persist across `up`s."""
@@ -187,22 +206,25 @@ def _start_embedded(
     if kept is not None and kept.prefix != prefix:
         raise ConfigError(f"this home's installation uses the prefix {kept.prefix!r}, not {prefix!r}")
     if reuse and kept and local.alive(reuse.redis_pid):
-        if port not in (None, reuse.port) or bind not in (None, reuse.bind):
+        if asked.port not in (None, reuse.port) or asked.bind not in (None, reuse.bind):
             raise ServerError(
                 f"the embedded Redis runs on {reuse.bind}:{reuse.port}; run `gpulayer down` to change it"
             )
         return kept, reuse
-    port = port or (reuse.port if reuse else None) or free_port()
-    bind = bind or (reuse.bind if reuse else "127.0.0.1")
-    binary = redis_server_binary()
-    version = redis_version(binary)
+    port = asked.port or (reuse.port if reuse else None) or free_port()
+    bind = asked.bind or (reuse.bind if reuse else "127.0.0.1")
+    data = home / "redis"
+    # Never a server that cannot read what is there: it would start empty and hide it all.
+    writer = builds.load_record(home) or builds.written_by(data)
+    build = builds.choose(data, writer, asked.server, [] if asked.server else builds.candidates())
+    binary, version = build.binary, build.version
     if bind not in LOOPBACK and version[0] < 7:
         raise ServerError(
-            f"{binary} is Redis {'.'.join(map(str, version))}, whose roles can run any Lua (it has no "
+            f"{binary} is {build}, whose roles can run any Lua (it has no "
             "functions to confine them to): it serves this machine only; install Redis 7 (Debian's "
             f"redis-server) for --bind {bind}"
         )
-    secure = bind not in LOOPBACK and not insecure
+    secure = bind not in LOOPBACK and not asked.insecure
     if secure and not supports_tls(binary):
         raise ServerError(
             f"{binary} was built without TLS, which --bind {bind} needs: install Redis with TLS "
@@ -217,7 +239,7 @@ def _start_embedded(
     )
     installations.save(home, installation)
     users = installation.acl_file(version[0])
-    data = local.private_folder(home / "redis")
+    local.private_folder(data)
     process = start_redis(
         data, port, bind=bind, acl=users, tls=files, durable=True, detach=True, binary=binary
     )
@@ -225,6 +247,7 @@ def _start_embedded(
         wait_ready(installation.url("admin"), process, ca=ca)
     except ServerError as exc:
         raise ServerError(f"{exc}; see {data / 'redis.log'}") from None
+    builds.save_record(home, build)  # the data is this build's now: it may write a newer format
     return installation, local.LocalState(embedded=True, port=port, bind=bind, redis_pid=process.pid)
 
 
@@ -391,8 +414,8 @@ def _summary(state: local.LocalState, home: Path) -> None:
     where = accesses.describe(admin).split(" at ", 1)[1].rstrip(")")
     if state.embedded:
         click.echo(
-            f"  Redis:   {where}  (embedded; a user per role; data in {home / 'redis'}, "
-            "append-only file synced every second)"
+            f"  Redis:   {where}  (embedded {builds.load_record(home) or ''}; a user per role; data in "
+            f"{home / 'redis'}, append-only file synced every second)"
         )
     else:
         click.echo(f"  Redis:   {where}  (a user per role)")

@@ -64,6 +64,10 @@ _FUNCTIONS = ("-function", "+fcall", "+fcall_ro")
 _SCRIPTS = ("+@scripting", "-script", "+script|load", "+script|exists")
 
 
+#: What ``ACL SAVE`` answers on a server started without an ACL file.
+_NO_ACL_FILE = "not configured to use an ACL file"
+
+
 def user_name(keys: Keys, role: AccessRole) -> str:
     """A shared role's user."""
     return f"{keys.prefix}-{role}"
@@ -162,11 +166,21 @@ def users(redis: Redis) -> list[str]:
 
 
 def save(redis: Redis) -> bool:
-    """Write the users to Redis's ACL file, so a restart keeps them; False if Redis has none (a user's
-    own, whose users are its admin's to keep) or could not write it."""
+    """Keep the users across a restart of Redis, as its admin: in its ACL file (``ACL SAVE``) where it
+    has one; else in its config file (``CONFIG REWRITE`` writes them there as ``user`` lines, with
+    every setting changed since it started). False where neither works: Redis started without either
+    file, may not write it, or this user may not run them (docs/security.md says what to do then)."""
     try:
         redis.execute_command("ACL", "SAVE")  # type: ignore[no-untyped-call]
-    except ResponseError:
+        return True
+    except ResponseError as exc:
+        # Redis and Valkey say so alike. Any other failure (the file not writable, not allowed): a
+        # config rewrite would not hold the users either, as they live in the ACL file.
+        if _NO_ACL_FILE not in str(exc):
+            return False
+    try:
+        redis.execute_command("CONFIG", "REWRITE")  # type: ignore[no-untyped-call]
+    except ResponseError:  # no config file, not allowed (NoPermissionError), or renamed away (6.2)
         return False
     return True
 

@@ -356,7 +356,7 @@ class Scripts:
             raise ScriptsMissing(
                 f"this installation's Redis lacks the scripts of this GPUlayer version "
                 f"({self._library.name}) and this Redis user may not load them: the installation's "
-                "admin loads them with `gpulayer up`, or `gpulayer access sync` for a Redis of their own"
+                "admin loads them with `gpulayer up`, or `gpulayer access apply` for a Redis of their own"
             ) from None
 
 
