@@ -22,11 +22,15 @@ from types import ModuleType
 
 import redis
 
-from gpulayer import Settings, access
+from gpulayer import Settings, access, builds
 from gpulayer.installation import Installation
 from gpulayer.network import free_port
 from gpulayer.server import start_redis, wait_ready
 from gpulayer.store.stores import Stores
+
+# The newest Redis here, as the recorded results had (unless GPULAYER_REDIS_SERVER names another):
+# a Valkey beside it (the dev extra's) would be the newest.
+builds.pin_newest_redis()
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"

@@ -135,6 +135,16 @@ def newest(builds: Iterable[Build]) -> Build:
     return max(builds, key=_rank)  # max keeps the first of equals: PATH's
 
 
+def pin_newest_redis() -> None:
+    """Make the newest Redis here (else the newest server) the one :data:`SERVER_VARIABLE` names, unless
+    it names one already: what the test suite and the benchmarks run on, so that their server does not
+    depend on what else is installed (a Valkey beside it would be the newest)."""
+    found = candidates()
+    if found and SERVER_VARIABLE not in os.environ:
+        redis_family = [build for build in found if build.family == "redis"]
+        os.environ[SERVER_VARIABLE] = newest(redis_family or found).binary
+
+
 def no_server() -> ServerError:
     return ServerError(
         "no redis-server or valkey-server found: install Redis 7 or newer (Debian's redis-server) or "

