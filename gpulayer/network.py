@@ -1,11 +1,9 @@
-"""This machine on the network: a free port, its address on the route to another, and a URL, or a
-failure to reach one, as messages may show it. Kept apart from :mod:`gpulayer.server` (which starts
-Redis) and from the store (which talks to it), so that workers, the CLI and the Trainer take these
-without either."""
+"""This machine on the network: a free port, its address on the route to another, and a URL as
+messages may show it. Kept apart from :mod:`gpulayer.server` (which starts Redis) and from the store
+(which talks to it), so that workers, the CLI and the Trainer take these without either."""
 
 from __future__ import annotations
 
-import re
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,15 +36,3 @@ def redact(url: str) -> str:
         return url
     user = userinfo.partition(":")[0]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
-
-
-def unreachable(error: Exception) -> str:
-    """A connection error as one line. redis-py's for a master no sentinel named lists each sentinel
-    it asked by the whole repr of its client (the CA's PEM among its settings): only what each
-    answered is kept."""
-    text = _CLIENT_REPR.sub("", str(error))
-    return " ".join(text.split())
-
-
-#: How redis-py names a sentinel's client in the errors it collects (``<redis.client.Redis(...)> - ``).
-_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(.*?\)>\)>\)> - ", re.DOTALL)

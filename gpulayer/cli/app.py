@@ -18,7 +18,7 @@ from .. import access as accesses
 from ..client import Client
 from ..errors import GpulayerError
 from ..models import AccessRole, JobRecord, JobState
-from ..network import redact, unreachable
+from ..network import redact
 from ..settings import Settings
 from ..units import parse_duration
 
@@ -61,7 +61,7 @@ class Group(click.Group):
             raise CommandError(str(exc), exc.exit_code) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             url = ctx.meta.get(URL_KEY, "the configured URL")
-            raise CommandError(f"cannot reach Redis at {url}: {unreachable(exc)}", 1) from None
+            raise CommandError(f"cannot reach Redis at {url}: {exc}", 1) from None
         except redis.exceptions.RedisError as exc:
             raise CommandError(f"Redis refused the request: {exc}", 1) from None
 

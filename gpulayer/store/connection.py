@@ -7,8 +7,9 @@ from urllib.parse import urlsplit
 
 from redis import Redis
 from redis.backoff import ExponentialBackoff, NoBackoff
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from .. import sentinel
 from ..settings import check_redis_url
@@ -27,13 +28,50 @@ FAILOVER_WAIT = 40.0
 BLOCK_MS = 5000
 
 
+class NoSentinelAnswered(MasterNotFoundError):
+    """No sentinel of a Sentinel URL answered (each refused, timed out, or failed TLS): a wrong URL or
+    CA, or every sentinel down. Waiting does not mend that as it mends a failover under way, so a
+    client says so at once instead of retrying for :data:`FAILOVER_WAIT`."""
+
+
+class _Sentinels(Sentinel):
+    """redis-py's Sentinel, telling "no sentinel answered" (:class:`NoSentinelAnswered`) from "the
+    sentinels name no master now" (a failover under way), each in one line: redis-py says both alike,
+    naming each sentinel by its client's whole repr (the CA's PEM among its settings)."""
+
+    def discover_master(self, service_name: str) -> tuple[str, int]:
+        failures = []
+        for index, watcher in enumerate(self.sentinels):
+            try:
+                masters = watcher.sentinel_masters()
+            except (ConnectionError, TimeoutError, ResponseError) as exc:
+                where = watcher.connection_pool.connection_kwargs
+                failures.append(f"{where.get('host')}:{where.get('port')}: {exc}")
+                continue
+            state = masters.get(service_name) if isinstance(masters, dict) else None
+            if state and self.check_master_state(state, service_name):  # type: ignore[no-untyped-call]
+                # Asked first from now on, as redis-py does: it answered.
+                self.sentinels[0], self.sentinels[index] = watcher, self.sentinels[0]
+                return str(state["ip"]), int(state["port"])
+        if len(failures) == len(self.sentinels):
+            raise NoSentinelAnswered(
+                f"no sentinel answered for master {service_name!r}: {'; '.join(failures)}"
+            )
+        raise MasterNotFoundError(f"the sentinels name no master {service_name!r} now")
+
+
+def _through_failover(error: Exception) -> bool:
+    """Whether a command that failed so may succeed once a failover ends."""
+    return not isinstance(error, NoSentinelAnswered)
+
+
 def connect(
     url: str, *, ca: str | None = None, socket_timeout: float | None = 30.0, retries: int | None = None
 ) -> Redis:
     """A client for ``url``; nothing is sent until the first command. ``retries``: how often redis-py
-    itself retries a command that lost its connection (default: its own setting, or through Sentinel
-    for up to :data:`FAILOVER_WAIT`); a worker sets 0,
-    because it retries on its own terms and must notice a dead network within a lease.
+    itself retries a command that lost its connection (default: its own setting; through Sentinel,
+    for up to :data:`FAILOVER_WAIT`, unless no sentinel answers); a worker sets 0, because it retries
+    on its own terms and must notice a dead network within a lease.
 
     ``ca``: for a ``rediss://`` URL, the PEM of the one CA its certificate must be signed by (the
     installation's own, which signs nothing but its Redis's certificate, so the name in the
@@ -54,7 +92,9 @@ def connect(
         options["retry"] = Retry(NoBackoff(), retries)
     elif sentinel.is_sentinel(url):
         options["retry"] = Retry(
-            ExponentialBackoff(cap=RECONNECT_AFTER, base=0.05), round(FAILOVER_WAIT / RECONNECT_AFTER)
+            ExponentialBackoff(cap=RECONNECT_AFTER, base=0.05),
+            round(FAILOVER_WAIT / RECONNECT_AFTER),
+            is_retryable=_through_failover,
         )
     if not sentinel.is_sentinel(url):
         return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
@@ -62,7 +102,7 @@ def connect(
     if found.tls:
         tls["ssl"] = options["ssl"] = True
     # A sentinel that does not answer is passed over for the next: no retries of its own, short waits.
-    watchers = Sentinel(
+    watchers = _Sentinels(
         found.sentinels,
         sentinel_kwargs={"socket_timeout": connect_timeout, "socket_connect_timeout": connect_timeout, **tls},
     )
