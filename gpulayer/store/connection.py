@@ -90,14 +90,16 @@ def connect(
     options: dict[str, Any] = {"socket_connect_timeout": connect_timeout, **tls}
     if retries is not None:
         options["retry"] = Retry(NoBackoff(), retries)
-    elif sentinel.is_sentinel(url):
-        options["retry"] = Retry(
+    if not sentinel.is_sentinel(url):
+        return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
+    options.setdefault(
+        "retry",
+        Retry(
             ExponentialBackoff(cap=RECONNECT_AFTER, base=0.05),
             round(FAILOVER_WAIT / RECONNECT_AFTER),
             is_retryable=_through_failover,
-        )
-    if not sentinel.is_sentinel(url):
-        return Redis.from_url(url, socket_timeout=socket_timeout, health_check_interval=30, **options)
+        ),
+    )
     found = sentinel.parse(url)
     if found.tls:
         tls["ssl"] = options["ssl"] = True
