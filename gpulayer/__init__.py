@@ -65,6 +65,7 @@ from .models import (
     LogLine,
     OutputSummary,
 )
+from .options import CallOptions, SubmitOptions
 from .placement import Plan, Reason
 from .requirements import Requirements
 from .settings import Settings
@@ -90,6 +91,7 @@ __all__ = [
     "ArchiveError",
     "ArtifactTooLarge",
     "Attempt",
+    "CallOptions",
     "Client",
     "ConfigError",
     "Distributed",
@@ -124,6 +126,7 @@ __all__ = [
     "Settings",
     "SourceError",
     "SubmitFailed",
+    "SubmitOptions",
     "TokenError",
     "UnsafePickle",
     "Unschedulable",

@@ -17,18 +17,20 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import anyio.to_thread
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
+from pydantic import WithJsonSchema
 
 from . import __version__
 from .client import Client, Job
 from .errors import GpulayerError, WaitTimeout
-from .models import JobRecord, JobState, LogLine
+from .models import JobRecord, JobState, LogLine, validated
+from .options import SubmitOptions
 from .requirements import Requirements
 from .unpacking import extract
 
@@ -52,6 +54,13 @@ _INSTRUCTIONS = (
     "would not run; submit_job queues one (shipping a project folder as its working folder); "
     "wait_for_job, get_job and get_logs follow it; download_outputs fetches what it declared."
 )
+
+#: How a submit_job tool takes its options: with :class:`SubmitOptions`'s schema, checked by the
+#: client (not the SDK) so that a bad one is a one-line tool error like every other.
+OptionsArgument = Annotated[
+    dict[str, Any] | None,
+    WithJsonSchema({"anyOf": [SubmitOptions.model_json_schema(), {"type": "null"}], "default": None}),
+]
 
 
 def tool_errors(function: Callable[..., T]) -> Callable[..., T]:
@@ -170,28 +179,20 @@ def _write_tools(server: MCPServer, client: Client) -> None:
         command: list[str] | str,
         source: str | None = None,
         inputs: list[str] | None = None,
-        outputs: list[str] | None = None,
-        env: dict[str, str] | None = None,
         requirements: Requirements | None = None,
-        name: str | None = None,
-        timeout: float | None = None,
-        retries: int | None = None,
-        idempotency_key: str | None = None,
-        nodes: int | None = None,
-        procs_per_node: int | None = None,
+        options: OptionsArgument = None,
     ) -> dict[str, Any]:
         """Queue ``command`` (a list of arguments, or a string split as a shell would; it runs without
-        a shell) on a worker that has what ``requirements`` ask for (see plan_job). ``source``: a
-        folder on this machine shipped as the job's working folder (minus .git, caches, what
-        .gitignore ignores and GPUlayer's own home); ``inputs``: files placed there; ``outputs``:
-        paths or globs kept when it ends (download_outputs). ``nodes``/``procs_per_node``: a gang
-        job. The same ``idempotency_key`` twice gives the first job. Returns its id and state. Paths
-        are read as this server's user, on its machine: it runs over stdio, on the user's own
-        machine, for them (the server the HTTP API serves takes no path: only an archive)."""
+        a shell) on a worker that has what ``requirements`` ask for (see plan_job), run as
+        ``options`` say (its environment, outputs: paths or globs kept when it ends, for
+        download_outputs; retries; nodes for a gang job; ...). ``source``: a folder on this machine
+        shipped as the job's working folder (minus .git, caches, what .gitignore ignores and
+        GPUlayer's own home); ``inputs``: files placed there. Returns its id and state. Paths are
+        read as this server's user, on its machine: it runs over stdio, on the user's own machine,
+        for them (the server the HTTP API serves takes no path: only an archive)."""
         folder = _local(source) if source else None
         named = [_local(path) for path in inputs or []]
-        options = (outputs, env, requirements, name, timeout, retries, idempotency_key, nodes, procs_per_node)
-        return _submitted(client, command, folder, named, *options)
+        return _submitted(client, command, folder, named, requirements, options)
 
     _cancel_tool(server, client)
 
@@ -221,21 +222,14 @@ def _remote_write_tools(server: MCPServer, client: Client) -> None:
     def submit_remote(
         command: list[str] | str,
         source_archive: str | None = None,
-        outputs: list[str] | None = None,
-        env: dict[str, str] | None = None,
         requirements: Requirements | None = None,
-        name: str | None = None,
-        timeout: float | None = None,
-        retries: int | None = None,
-        idempotency_key: str | None = None,
-        nodes: int | None = None,
-        procs_per_node: int | None = None,
+        options: OptionsArgument = None,
     ) -> dict[str, Any]:
         """Queue ``command`` (a list of arguments, or a string split as a shell would) on a worker
-        that has what ``requirements`` ask for (see plan_job). ``source_archive``: the job's working
-        folder as a tar archive (gzip or not), base64, checked and unpacked as POST /jobs does;
-        ``outputs``: paths or globs kept when it ends (fetch them from the HTTP API's
-        /api/v1/jobs/{id}/outputs). ``nodes``/``procs_per_node``: a gang job. Returns its id and state."""
+        that has what ``requirements`` ask for (see plan_job), run as ``options`` say.
+        ``source_archive``: the job's working folder as a tar archive (gzip or not), base64, checked
+        and unpacked as POST /jobs does; ``options.outputs``: paths or globs kept when it ends (fetch
+        them from the HTTP API's /api/v1/jobs/{id}/outputs). Returns its id and state."""
         with tempfile.TemporaryDirectory(prefix="gpulayer-mcp-") as scratch:
             source = None
             if source_archive is not None:
@@ -246,18 +240,7 @@ def _remote_write_tools(server: MCPServer, client: Client) -> None:
                 except ValueError:
                     raise ToolError("source_archive is not base64 (exit status 2)") from None
                 extract(io.BytesIO(archive), source, max_bytes=client.settings.max_source_bytes)
-            options = (
-                outputs,
-                env,
-                requirements,
-                name,
-                timeout,
-                retries,
-                idempotency_key,
-                nodes,
-                procs_per_node,
-            )
-            return _submitted(client, command, str(source) if source else None, [], *options)
+            return _submitted(client, command, str(source) if source else None, [], requirements, options)
 
     _cancel_tool(server, client)
 
@@ -267,31 +250,12 @@ def _submitted(
     command: list[str] | str,
     source: str | None,
     inputs: list[str],
-    outputs: list[str] | None,
-    env: dict[str, str] | None,
     requirements: Requirements | None,
-    name: str | None,
-    timeout: float | None,
-    retries: int | None,
-    idempotency_key: str | None,
-    nodes: int | None,
-    procs_per_node: int | None,
+    options: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """What both submit_job tools do, once their files are on this machine."""
-    job = client.submit(
-        command,
-        source=source,
-        inputs=inputs,
-        outputs=outputs or [],
-        env=env,
-        name=name,
-        timeout=timeout,
-        retries=retries,
-        idempotency_key=idempotency_key,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        requirements=requirements,
-    )
+    checked = validated(SubmitOptions, options or {})
+    job = client.submit(command, source=source, inputs=inputs, requirements=requirements, options=checked)
     return {"id": job.id, "state": job.status().state.value}
 
 

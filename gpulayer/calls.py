@@ -3,7 +3,6 @@ many jobs at once, and turn each ending back into a value or an exception."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import io
@@ -38,11 +37,10 @@ from .models import (
     JobRecord,
     JobSpec,
     JobState,
-    Launcher,
-    RetryOn,
     build_spec,
     validated,
 )
+from .options import CallOptions
 from .payloads import CALL, ERROR, RESULT, dumps, load_result, pickle_function
 from .requirements import Requirements
 from .settings import Settings
@@ -66,29 +64,6 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 #: What a call's job stored when it ended: its record, its result or error payload by name, and the
 #: registry's record of the worker identity that claimed its attempt (what the payload is checked with).
 Ending = tuple[JobRecord, dict[str, bytes], bytes | None]
-
-
-@dataclasses.dataclass(frozen=True)
-class CallOptions:
-    """How a remote function's calls run: what they need, and how they are retried and stopped."""
-
-    requirements: dict[str, Any] = dataclasses.field(default_factory=dict)
-    timeout: float | None = None
-    retries: int | None = None
-    retry_on: RetryOn | None = None
-    retry_delay: float | None = None
-    priority: int = 0
-    #: A fresh Python process for every call, instead of a warm one.
-    fresh_process: bool = False
-    #: The folder shipped with the code (default: the running script's folder, else the current one).
-    source: Path | None = None
-    #: Each call as a gang job: every rank calls the function; the value is rank 0's.
-    nodes: int | None = None
-    procs_per_node: int | None = None
-    launcher: Launcher | None = None
-    #: Unpickle results whole, as code, rather than as data only (None: as the client says). Not part
-    #: of the job: the caller's choice of how far it trusts this installation's workers.
-    allow_pickle: bool | None = None
 
 
 class Calls:
@@ -155,16 +130,13 @@ class Calls:
         digest = self._ship(self._bundles.get(root))
         self._roots[digest] = root
         name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
-        retry = {"retries": options.retries, "retry_on": options.retry_on, "retry_delay": options.retry_delay}
         needs = validated(Requirements, options.requirements)
         return build_spec(
             command=[name],
             function=FunctionSpec(name=name, bundle=digest, fresh_process=options.fresh_process),
             requirements=needs,
-            distributed=Distributed.of(needs, options.nodes, options.procs_per_node, options.launcher),
-            timeout=options.timeout,
-            priority=options.priority,
-            **{field: value for field, value in retry.items() if value is not None},
+            distributed=Distributed.of(needs, options),
+            **options.kept(),
         )
 
     def _own_files(self) -> frozenset[Path]:

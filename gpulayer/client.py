@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from redis.exceptions import RedisError
+from typing_extensions import Unpack
 
 from . import access as accesses
 from . import archive, placement
 from .access import Access
-from .calls import Call, CallOptions, Calls
+from .calls import Call, Calls
 from .errors import (
     ArtifactTooLarge,
     GpulayerError,
@@ -42,17 +43,16 @@ from .models import (
     JobRecord,
     JobSpec,
     JobState,
-    Launcher,
     LogLine,
     OpenedSession,
     QueueInfo,
-    RetryOn,
     Role,
     TokenInfo,
     build_spec,
     validated,
 )
 from .network import redact
+from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
@@ -152,45 +152,27 @@ class Client:
         *,
         source: PathLike | None = None,
         inputs: Iterable[PathLike] = (),
-        outputs: Iterable[str] = (),
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        name: str | None = None,
-        priority: int = 0,
-        retries: int | None = None,
-        retry_on: RetryOn | None = None,
-        retry_delay: float | None = None,
-        idempotency_key: str | None = None,
-        fail_if_unschedulable: bool = False,
-        nodes: int | None = None,
-        procs_per_node: int | None = None,
-        launcher: Launcher | None = None,
         requirements: Requirements | None = None,
-        **fields: Any,
+        options: SubmitOptions | None = None,
+        **keywords: Unpack[SubmitKeywords],
     ) -> Job:
         """Queue ``command`` (a list of arguments, or a string split like a shell would; it runs without
         a shell). ``source`` is a folder shipped and unpacked as the job's working folder; each input
-        lands there under its base name; ``outputs`` are paths or globs uploaded when the job ends.
+        lands there under its base name.
 
-        What the job needs is a :class:`Requirements` (``requirements``), or its fields as keywords
-        (``accelerator``, ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks``, ``cpus``,
-        ``memory``, ``labels``; sizes may be strings like ``"24GB"``), not both. With
-        ``fail_if_unschedulable``, a job no connected worker could ever run is refused
-        (:class:`Unschedulable`) instead of waiting for one.
-
-        ``retries`` (default 2) of the failures ``retry_on`` names (``"lost"`` worker, the default;
-        non-zero ``"exit"``; or ``"both"``) run the job again, after ``retry_delay`` seconds (default
-        1), doubling each time. A second submit with the same ``idempotency_key`` returns the first
-        job, as long as it exists, instead of making another.
-
-        ``nodes`` (or ``procs_per_node``, or ``launcher``) makes it a gang job: ``nodes`` distinct
-        workers, each with what ``requirements`` ask for, run ``procs_per_node`` ranks of the command
-        each (default: the GPUs per node for a GPU job, else 1), all started together or not at all,
-        and stopped together when one fails. ``launcher`` is ``"direct"`` (the worker starts the ranks
-        with torchrun's environment) or ``"torchrun"``. See docs/distributed.md.
+        How it runs is a :class:`SubmitOptions` (``options``), or its fields as keywords: ``env``,
+        ``timeout``, ``name``, ``outputs`` (paths or globs uploaded when the job ends), ``priority``,
+        ``retries`` of the failures ``retry_on`` names after ``retry_delay`` seconds (doubling each
+        time), ``idempotency_key`` (a second submit with the same key returns the first job),
+        ``fail_if_unschedulable`` (refuse, :class:`Unschedulable`, a job no connected worker could
+        ever run), and ``nodes``, ``procs_per_node``, ``launcher``, which make it a gang job
+        (docs/distributed.md). What it needs is a :class:`Requirements` (``requirements``), or its
+        fields as keywords (``accelerator``, ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks``,
+        ``cpus``, ``memory``, ``labels``; sizes may be strings like ``"24GB"``). Either, not both.
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
+        options, needs = _submit_options(options, requirements, keywords)
         argv = _argv(command)
         source_files = (
             archive.source_manifest(Path(source), self.settings.max_source_bytes, self.settings.home)
@@ -202,22 +184,12 @@ class Client:
             _no_input_over_the_source(source_files, input_files)
         spec = _spec(
             argv,
+            options,
+            needs,
             source=source_files is not None,
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
-            outputs=outputs,
-            env=env,
-            timeout=timeout,
-            name=name,
-            priority=priority,
-            retries=retries,
-            retry_on=retry_on,
-            retry_delay=retry_delay,
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            launcher=launcher,
-            requirements=_needs(requirements, fields),
         )
-        if fail_if_unschedulable:
+        if options.fail_if_unschedulable:
             self._check_schedulable(spec)
         total = input_files.size + (source_files.size if source_files else 0)
         if total > self.settings.max_job_bytes:
@@ -226,6 +198,7 @@ class Client:
                 f"{format_size(self.settings.max_job_bytes)} per-job cap (GPULAYER_MAX_JOB_BYTES)"
             )
         uploads = {SOURCE_ARCHIVE: source_files, INPUTS_ARCHIVE: input_files if spec.inputs else None}
+        idempotency_key = options.idempotency_key
         if self._sender is not None and not idempotency_key and all(m is None for m in uploads.values()):
             self.stores.jobs.dump(spec)  # its size checked now, not in the background
             job_id = new_job_id()
@@ -275,47 +248,24 @@ class Client:
         self,
         commands: Iterable[str | Sequence[str]],
         *,
-        outputs: Iterable[str] = (),
-        env: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-        name: str | None = None,
-        priority: int = 0,
-        retries: int | None = None,
-        retry_on: RetryOn | None = None,
-        retry_delay: float | None = None,
-        fail_if_unschedulable: bool = False,
-        nodes: int | None = None,
-        procs_per_node: int | None = None,
-        launcher: Launcher | None = None,
         requirements: Requirements | None = None,
-        **fields: Any,
+        options: SubmitOptions | None = None,
+        **keywords: Unpack[SubmitKeywords],
     ) -> list[Job]:
         """Queue one job per command, all with the same options (those of :meth:`submit`, without
-        files), :data:`SUBMIT_BATCH` per round trip and under one signature: many times faster than
-        a loop of submits. Every command is checked before anything is written."""
+        files or an idempotency key), :data:`SUBMIT_BATCH` per round trip and under one signature:
+        many times faster than a loop of submits. Every command is checked before anything is
+        written."""
+        options, needs = _submit_options(options, requirements, keywords)
+        if options.idempotency_key is not None:
+            raise InvalidJobSpec("invalid job: a list of jobs takes no idempotency_key: it names one job")
         argvs = [_argv(command) for command in commands]
         if not argvs:
             return []
-        first = _spec(
-            argvs[0],
-            source=False,
-            inputs=[],
-            outputs=outputs,
-            env=env,
-            timeout=timeout,
-            name=name,
-            priority=priority,
-            retries=retries,
-            retry_on=retry_on,
-            retry_delay=retry_delay,
-            nodes=nodes,
-            procs_per_node=procs_per_node,
-            launcher=launcher,
-            requirements=_needs(requirements, fields),
-        )
+        first = _spec(argvs[0], options, needs)
         # One spec checked whole; the others differ from it only in their command.
         specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
-        if fail_if_unschedulable:
+        if options.fail_if_unschedulable:
             self._check_schedulable(first)
         self.flush()
         ids = under_new_ids(len(specs), functools.partial(self._submit_batches, specs))
@@ -696,38 +646,44 @@ def _argv(command: str | Sequence[str]) -> list[str]:
 _NO_NEEDS = Requirements()
 
 
+#: The options of a submit that gives none: made once, as most submits give none.
+_NO_OPTIONS = SubmitOptions()
+_OPTION_NAMES = frozenset(SubmitOptions.model_fields)
+
+
+def _submit_options(
+    options: SubmitOptions | None, requirements: Requirements | None, keywords: Mapping[str, Any]
+) -> tuple[SubmitOptions, Requirements]:
+    """What a submit asked for, checked (:class:`InvalidJobSpec`): its options, given as a
+    :class:`SubmitOptions` or its fields as keywords, and its needs, a :class:`Requirements` or its
+    fields as keywords."""
+    given = {name: value for name, value in keywords.items() if name in _OPTION_NAMES}
+    if options is None:
+        options = validated(SubmitOptions, given) if given else _NO_OPTIONS
+    elif given:
+        raise InvalidJobSpec(
+            f"invalid job: {', '.join(given)}: give SubmitOptions or its fields as keywords, not both"
+        )
+    fields = {name: value for name, value in keywords.items() if name not in _OPTION_NAMES}
+    return options, _needs(requirements, fields)
+
+
 def _spec(
     argv: list[str],
-    *,
-    source: bool,
-    inputs: list[str],
-    outputs: Iterable[str],
-    env: Mapping[str, str] | None,
-    timeout: float | None,
-    name: str | None,
-    priority: int,
-    retries: int | None,
-    retry_on: RetryOn | None,
-    retry_delay: float | None,
-    nodes: int | None,
-    procs_per_node: int | None,
-    launcher: Launcher | None,
+    options: SubmitOptions,
     requirements: Requirements,
+    *,
+    source: bool = False,
+    inputs: Sequence[str] = (),
 ) -> JobSpec:
-    """A job's spec from :meth:`Client.submit`'s arguments, checked (:class:`InvalidJobSpec`)."""
-    retry = {"retries": retries, "retry_on": retry_on, "retry_delay": retry_delay}
+    """A command job's spec, checked (:class:`InvalidJobSpec`)."""
     return build_spec(
         command=argv,
-        env=dict(env or {}),
-        timeout=timeout,
-        name=name,
-        outputs=list(outputs),
         source=source,
-        inputs=inputs,
+        inputs=list(inputs),
         requirements=requirements,
-        distributed=Distributed.of(requirements, nodes, procs_per_node, launcher),
-        priority=priority,
-        **{field: value for field, value in retry.items() if value is not None},
+        distributed=Distributed.of(requirements, options),
+        **options.kept(),
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .client import Client, Job
 from .functions import remote
-from .models import Launcher
+from .options import Launcher
 
 
 class DistributedJob:

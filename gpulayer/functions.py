@@ -13,16 +13,16 @@ exception) back in the caller.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
-from .calls import CallOptions
+from typing_extensions import Unpack
+
 from .client import Client, Job
 from .errors import InvalidJobSpec
-from .models import JobRecord, Launcher, LogLine, RetryOn, validated
+from .models import JobRecord, LogLine, validated
+from .options import CallKeywords, CallOptions
 from .requirements import Requirements
 
 P = ParamSpec("P")
@@ -30,7 +30,7 @@ R = TypeVar("R")
 _default: Client | None = None
 #: What a call may ask of the machine it runs on: the fields of :class:`gpulayer.Requirements`.
 _REQUIREMENTS = frozenset(Requirements.model_fields)
-_OPTIONS = frozenset(field.name for field in dataclasses.fields(CallOptions)) - {"requirements"}
+_OPTIONS = frozenset(CallOptions.model_fields) - {"requirements"}
 
 
 def connect(redis_url: str | None = None, **kwargs: Any) -> Client:
@@ -54,18 +54,13 @@ def _options(base: CallOptions, changes: dict[str, Any]) -> tuple[CallOptions, C
     unknown = set(changes) - _REQUIREMENTS - _OPTIONS
     if unknown:
         raise InvalidJobSpec(f"unknown option(s) for a remote function: {', '.join(sorted(unknown))}")
-    frameworks = changes.get("frameworks")
-    if isinstance(frameworks, dict):
-        changes["frameworks"] = [f"{name}{spec}" for name, spec in frameworks.items()]
-    if changes.get("source") is not None:
-        changes["source"] = Path(changes["source"])
     requirements = {
         **base.requirements,
         **{key: value for key, value in changes.items() if key in _REQUIREMENTS},
     }
     validated(Requirements, requirements)
     options = {key: value for key, value in changes.items() if key in _OPTIONS}
-    return dataclasses.replace(base, requirements=requirements, **options), client
+    return validated(CallOptions, {**dict(base), **options, "requirements": requirements}), client
 
 
 class FunctionHandle(Generic[R]):
@@ -108,9 +103,9 @@ class RemoteFunction(Generic[P, R]):
         """Runs here, in this process, as if it were not decorated."""
         return self._function(*args, **kwargs)
 
-    def options(self, **changes: Any) -> RemoteFunction[P, R]:
+    def options(self, **changes: Unpack[RemoteKeywords]) -> RemoteFunction[P, R]:
         """A copy with other requirements or options, e.g. ``f.options(gpus=2, timeout=600)``."""
-        options, client = _options(self._call_options, changes)
+        options, client = _options(self._call_options, dict(changes))
         return RemoteFunction(self._function, options, client or self._bound)
 
     def remote(self, *args: P.args, **kwargs: P.kwargs) -> FunctionHandle[R]:
@@ -149,34 +144,18 @@ class RemoteFunction(Generic[P, R]):
         return values
 
 
+class RemoteKeywords(CallKeywords, total=False):
+    """What ``@gl.remote`` takes: the call options and requirements, and the client to submit with."""
+
+    client: Client | None
+
+
 @overload
 def remote(function: Callable[P, R], /) -> RemoteFunction[P, R]: ...
 
 
 @overload
-def remote(
-    *,
-    accelerator: str | None = None,
-    gpus: int | None = None,
-    gpu_memory: str | int | None = None,
-    gpu_name: str | None = None,
-    frameworks: dict[str, str] | Iterable[str] | None = None,
-    cpus: int | None = None,
-    memory: str | int | None = None,
-    labels: dict[str, str] | None = None,
-    timeout: float | None = None,
-    retries: int | None = None,
-    retry_on: RetryOn | None = None,
-    retry_delay: float | None = None,
-    priority: int = 0,
-    fresh_process: bool = False,
-    source: str | Path | None = None,
-    nodes: int | None = None,
-    procs_per_node: int | None = None,
-    launcher: Launcher | None = None,
-    allow_pickle: bool | None = None,
-    client: Client | None = None,
-) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
+def remote(**options: Unpack[RemoteKeywords]) -> Callable[[Callable[P, R]], RemoteFunction[P, R]]: ...
 
 
 def remote(function: Callable[..., Any] | None = None, /, **options: Any) -> Any:

@@ -6,10 +6,8 @@ No Redis, no CLI here; the CLI and the client validate with these same classes.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Mapping
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Annotated, Literal, TypeVar, cast
 
 from pydantic import (
@@ -26,12 +24,10 @@ from pydantic import (
 )
 
 from .errors import InvalidJobSpec
+from .options import CommandOptions, GangOptions, Launcher
 from .requirements import DEFAULT, Requirements
 
 M = TypeVar("M", bound=BaseModel)
-RetryOn = Literal["lost", "exit", "both"]
-#: How a gang job's ranks start: by the worker itself, with torchrun's environment; or by torchrun.
-Launcher = Literal["direct", "torchrun"]
 #: What an API token may do: everything; submit and cancel jobs (and read); read; read /metrics only.
 Role = Literal["admin", "submitter", "viewer", "metrics"]
 #: Whom a machine acts as towards Redis: its user there, and the keys it holds (docs/security.md).
@@ -40,45 +36,12 @@ AccessRole = Literal["admin", "web", "submitter", "worker", "viewer"]
 IdentityRole = Literal["web", "submitter", "worker", "viewer"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 #: Names a job's checkpoint folder to it: what it saves there is given back to its retries.
 CHECKPOINT_VARIABLE = "GPULAYER_CHECKPOINT_DIR"
 #: Tells each process of a job its job's id: how a worker knows a job's strays, and a Trainer its run.
 JOB_ID_VARIABLE = "GPULAYER_JOB_ID"
 #: Tells each process of a job its attempt, from 1.
 ATTEMPT_VARIABLE = "GPULAYER_ATTEMPT"
-#: Variables the worker sets for a job, which its ``env`` may not set: they say which GPUs it holds
-#: (``CUDA_VISIBLE_DEVICES`` would otherwise reach past its reservation), which rank of a gang it is,
-#: that Python ignores the user site folder (``PYTHONNOUSERSITE``), and everything GPUlayer's own
-#: (``GPULAYER_*``).
-RESERVED_ENV = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "NVIDIA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "RANK",
-        "LOCAL_RANK",
-        "WORLD_SIZE",
-        "LOCAL_WORLD_SIZE",
-        "NODE_RANK",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_NAME",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "PYTHONNOUSERSITE",
-    }
-)
-RESERVED_ENV_PREFIXES = ("GPULAYER_", "TORCHELASTIC_")
-
-
-def reserved_variable(name: str) -> bool:
-    """Whether a job's ``env`` may not set ``name`` (the worker sets it, or keeps it from jobs)."""
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 class JobState(str, enum.Enum):
@@ -126,18 +89,6 @@ def plain_name(name: str) -> str:
     return name
 
 
-def _relative_pattern(pattern: str) -> str:
-    path = PurePosixPath(pattern)
-    if not pattern or "\0" in pattern:
-        raise ValueError(f"output pattern {pattern!r} is empty or holds a NUL byte")
-    if path.is_absolute() or ".." in path.parts:
-        raise ValueError(f"output {pattern!r} must be a path inside the job's folder (relative, no '..')")
-    return pattern
-
-
-OutputPattern = Annotated[str, Field(min_length=1, max_length=1024)]
-
-
 class FunctionSpec(BaseModel):
     """What makes a job a call of a remote function: the call itself travels signed in the job's files."""
 
@@ -166,22 +117,16 @@ class Distributed(BaseModel):
         return self.nodes * self.procs_per_node
 
     @classmethod
-    def of(
-        cls,
-        requirements: Requirements,
-        nodes: int | None,
-        procs_per_node: int | None,
-        launcher: Launcher | None,
-    ) -> Distributed | None:
+    def of(cls, requirements: Requirements, gang: GangOptions) -> Distributed | None:
         """The gang these options ask for, or None when they ask for none; ``procs_per_node``
         defaults to the GPUs per node of a job that asks for GPUs, else 1."""
-        if nodes is None and procs_per_node is None and launcher is None:
+        if not gang.is_gang:
             return None
         gpus = requirements.gpus if requirements.accelerator in ("cuda", "any") else 0
         fields = {
-            "nodes": nodes or 1,
-            "procs_per_node": procs_per_node or gpus or 1,
-            "launcher": launcher or "direct",
+            "nodes": gang.nodes or 1,
+            "procs_per_node": gang.procs_per_node or gpus or 1,
+            "launcher": gang.launcher or "direct",
         }
         return validated(cls, fields)
 
@@ -201,18 +146,11 @@ Command = Annotated[
 _COMMAND: TypeAdapter[list[str]] = TypeAdapter(Command)
 
 
-class JobSpec(BaseModel):
+class JobSpec(CommandOptions):
     """What a job asks for: a command, or a call of a remote function. Stored with the job; the worker
-    runs exactly this."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    runs exactly this. How it runs (retries, priority, environment, ...) is :class:`CommandOptions`'s."""
 
     command: Command
-    env: dict[str, str] = Field(default_factory=dict)
-    timeout: float | None = Field(default=None, gt=0)
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    #: Paths or globs, relative to the job's folder, uploaded when the job ends.
-    outputs: list[OutputPattern] = Field(default_factory=list, max_length=256)
     #: Whether a source folder was shipped; it is unpacked at the root of the job's folder.
     source: bool = False
     #: Names the inputs take in the job's folder (each input keeps its base name).
@@ -220,14 +158,6 @@ class JobSpec(BaseModel):
     #: What the machine that runs it must have; jobs with the same requirements share a queue. (A
     #: factory: the shared default is frozen, and pydantic would deep-copy a plain default per job.)
     requirements: Requirements = Field(default_factory=lambda: DEFAULT)
-    #: Higher runs first, within and across queues.
-    priority: int = Field(default=0, ge=-1000, le=1000)
-    #: How many times the job runs again after a failure of the kind ``retry_on`` names.
-    retries: int = Field(default=2, ge=0, le=100)
-    #: Which failures are retried: its worker was lost, its command exited non-zero, or both.
-    retry_on: RetryOn = "lost"
-    #: Seconds before the first retry; each later one waits twice as long as the one before.
-    retry_delay: float = Field(default=1.0, ge=0, le=3600)
     #: Set for a call of a remote function; ``command`` then just names it.
     function: FunctionSpec | None = None
     #: Set for a gang job: the command runs as ranks on several workers at once.
@@ -249,23 +179,6 @@ class JobSpec(BaseModel):
         except ValidationError as exc:
             raise InvalidJobSpec(f"invalid job: command: {validation_message(exc)}") from None
 
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for key, value in env.items():
-            if not _ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if reserved_variable(key):
-                raise ValueError(f"{key} is set by the worker for each job; a job's env may not set it")
-            if "\0" in value:
-                raise ValueError(f"the value of {key} holds a NUL byte")
-        return env
-
-    @field_validator("outputs")
-    @classmethod
-    def _outputs_relative(cls, outputs: list[str]) -> list[str]:
-        return [_relative_pattern(pattern) for pattern in outputs]
-
     @field_validator("inputs")
     @classmethod
     def _inputs_plain(cls, inputs: list[str]) -> list[str]:
@@ -276,13 +189,6 @@ class JobSpec(BaseModel):
         if self.function and (self.source or self.inputs or self.outputs):
             raise ValueError("a function's job carries its code and arguments: no source, inputs or outputs")
         return self
-
-    @field_validator("name")
-    @classmethod
-    def _name_one_line(cls, name: str | None) -> str | None:
-        if name is not None and ("\n" in name or "\r" in name):
-            raise ValueError("the name must be one line")
-        return name
 
 
 _BESIDE_COMMAND = tuple(name for name in JobSpec.model_fields if name != "command")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing_extensions import TypedDict
 
 from .units import parse_size
 
@@ -87,6 +89,8 @@ class Requirements(BaseModel):
     def _normalise_frameworks(cls, frameworks: Any) -> Any:
         if isinstance(frameworks, str):
             frameworks = (frameworks,)
+        elif isinstance(frameworks, Mapping):  # {"torch": ">=2.1"}, as @gl.remote takes them
+            frameworks = tuple(f"{name}{spec}" for name, spec in frameworks.items())
         if not isinstance(frameworks, list | tuple) or not all(isinstance(text, str) for text in frameworks):
             return frameworks  # not a list of strings: the field's own type check says what is wrong
         return tuple(sorted(str(parse_framework(text)) for text in frameworks))
@@ -135,6 +139,20 @@ class Requirements(BaseModel):
         digest = hashlib.sha1(self.model_dump_json().encode()).hexdigest()[:8]
         parts = [self.accelerator, f"{self.gpus}gpu" if self.gpus else "", digest]
         return "-".join(part for part in parts if part)
+
+
+class RequirementKeywords(TypedDict, total=False):
+    """:class:`Requirements`'s fields as keywords (``Client.submit(gpus=2)``, ``@gl.remote(gpus=2)``):
+    sizes may be strings like ``"24GB"``, frameworks ``{"torch": ">=2.1"}``."""
+
+    accelerator: Accelerator
+    gpus: int
+    gpu_memory: int | str | None
+    gpu_name: str | None
+    frameworks: Sequence[str] | Mapping[str, str]
+    cpus: int
+    memory: int | str
+    labels: Mapping[str, str]
 
 
 def parse_framework(text: str) -> Requirement:

@@ -35,7 +35,7 @@ from gpulayer.cli import main
 from gpulayer.installation import Installation
 from gpulayer.models import IdentityRole, Role
 from gpulayer.network import free_port
-from gpulayer.requirements import Requirements
+from gpulayer.options import SubmitKeywords
 from gpulayer.server import redis_server_binary, redis_version, start_redis, wait_ready
 from gpulayer.store import acl
 from gpulayer.store.keys import Keys
@@ -405,10 +405,10 @@ def auth(token: str) -> dict[str, str]:
 
 def submit_keywords() -> set[str]:
     """Every keyword Client.submit takes, read from its signature (a new one is covered as it comes):
-    its parameters, and the fields of Requirements it takes as keywords of their own."""
+    its parameters, and the options and requirements it takes as keywords of their own."""
     parameters = inspect.signature(Client.submit).parameters.values()
     named = {p.name for p in parameters if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
-    return named | set(Requirements.model_fields)
+    return named | SubmitKeywords.__optional_keys__
 
 
 @pytest.fixture

@@ -80,8 +80,8 @@ async def test_an_agent_plans_submits_waits_reads_and_downloads(
         assert plan["reasons"][0]["codes"] == ["gpu_memory"]
 
         submitted = await call(
-            agent, "submit_job", command=["sh", "train.sh"], source=str(project), outputs=["acc.txt"],
-            requirements={"gpus": 1}, name="sweep-1",
+            agent, "submit_job", command=["sh", "train.sh"], source=str(project),
+            options={"outputs": ["acc.txt"], "name": "sweep-1"}, requirements={"gpus": 1},
         )  # fmt: skip
         job_id = submitted["id"]
         progress: list[float] = []
@@ -192,7 +192,7 @@ async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict
     async with session(env) as agent:
         assert "no job 'nosuchjob000'" in await error(agent, "get_job", job_id="nosuchjob000")
         assert "(exit status 2)" in await error(
-            agent, "submit_job", command=["sh", "-c", "true"], env={"CUDA_VISIBLE_DEVICES": "0"}
+            agent, "submit_job", command=["sh", "-c", "true"], options={"env": {"CUDA_VISIBLE_DEVICES": "0"}}
         )
         assert "the command is empty" in await error(agent, "submit_job", command=[""])
         # Arguments that do not fit the tool's input schema (requirements are a model in it): the

@@ -189,7 +189,10 @@ def test_a_list_of_jobs_is_queued_together_or_refused_whole(
             "the jobs of a list must differ only",
         ),
         ([{"command": ["true"]}, {"command": [""]}], "invalid job: command: the command is empty"),
-        ([{"command": ["true"], "idempotency_key": "k"}], "a list of jobs takes no idempotency_key"),
+        (
+            [{"command": ["true"], "idempotency_key": "k"}],
+            "invalid job: a list of jobs takes no idempotency_key",
+        ),
         ([{"command": ["true"]}, {"colour": "red"}], "invalid request: command: Field required"),
     ):
         answer = http.post("/api/v1/jobs", json=body, headers=submitter)

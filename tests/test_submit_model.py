@@ -1,10 +1,10 @@
-"""One submit model: every way to submit a job offers the options of :class:`JobOptions` (and the
-requirements of :class:`Requirements`) under the same names and defaults, or a stated subset."""
+"""One submit model: each option's bounds, default and description are written once, in
+gpulayer/options.py, and every way to submit a job takes its options from there, under the same
+names, or a stated subset."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import typing
 from typing import Any
@@ -14,20 +14,19 @@ import pytest
 
 import gpulayer as gl
 from gpulayer import agents, functions
-from gpulayer.calls import CallOptions
 from gpulayer.cli.app import main, requirement_options
-from gpulayer.job_options import JobOptions
-from gpulayer.requirements import Requirements
+from gpulayer.models import JobSpec
+from gpulayer.options import CallKeywords, CallOptions, CommandOptions, SubmitKeywords, SubmitOptions
+from gpulayer.requirements import RequirementKeywords, Requirements
 from gpulayer.web.api import SubmitRequest
 from gpulayer.web.openapi import document
 
-OPTIONS = set(JobOptions.model_fields)
+OPTIONS = set(SubmitOptions.model_fields)
 REQUIREMENTS = set(Requirements.model_fields)
-#: What a list of jobs submitted together shares: an idempotency key names one job.
-SHARED = OPTIONS - {"idempotency_key"}
-#: What a remote function's calls take of a command job's options: no files, no command of their own,
-#: no name (a call's name is its function's), and no key (each call is a new job).
-CALL_OPTIONS = OPTIONS - {"env", "outputs", "name", "idempotency_key", "fail_if_unschedulable"}
+
+
+def keys(typed: Any) -> set[str]:
+    return set(typed.__optional_keys__ | typed.__required_keys__)
 
 
 def keywords(function: Any) -> dict[str, Any]:
@@ -36,32 +35,48 @@ def keywords(function: Any) -> dict[str, Any]:
     return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
 
-def defaults(names: set[str]) -> dict[str, Any]:
-    """What the model gives each option when a caller gives none (an empty dict or list as none)."""
-    fields = JobOptions.model_fields
-    return {name: None if fields[name].default_factory else fields[name].default for name in names}
+def test_the_keywords_are_the_models_fields() -> None:
+    assert keys(RequirementKeywords) == REQUIREMENTS
+    assert keys(SubmitKeywords) == OPTIONS | REQUIREMENTS
+    assert keys(CallKeywords) == set(CallOptions.model_fields) - {"requirements"} | REQUIREMENTS
+    assert keys(functions.RemoteKeywords) == keys(CallKeywords) | {"client"}
 
 
-def test_client_submit_takes_every_option_with_the_models_default() -> None:
-    given = keywords(gl.Client.submit)
-    # The requirements come as a Requirements (what the API and MCP pass), or as its fields' keywords.
-    assert set(given) == OPTIONS | {"source", "inputs", "requirements"}
-    assert {name: given[name] for name in OPTIONS} == defaults(OPTIONS) | {"env": None, "outputs": ()}
+def test_a_jobs_spec_keeps_the_options_fields_as_they_are() -> None:
+    """The spec composes the command options: the same fields, bounds and defaults, not a copy."""
+    assert issubclass(JobSpec, CommandOptions)
+    for name, field in CommandOptions.model_fields.items():
+        assert JobSpec.model_fields[name].default == field.default, name
+        assert JobSpec.model_fields[name].metadata == field.metadata, name
+    spec = JobSpec(command=["true"])
+    assert (spec.retries, spec.retry_on, spec.retry_delay) == (2, "lost", 1.0)
 
 
-def test_client_submit_many_takes_every_option_a_list_shares() -> None:
-    given = keywords(gl.Client.submit_many)
-    assert set(given) == SHARED | {"requirements"}
-    assert given == defaults(SHARED) | {"env": None, "outputs": (), "requirements": None}
+def test_client_submit_takes_the_options_as_a_model_or_as_keywords() -> None:
+    assert set(keywords(gl.Client.submit)) == {"source", "inputs", "requirements", "options"}
+    assert set(keywords(gl.Client.submit_many)) == {"requirements", "options"}
+    assert typing.get_type_hints(gl.Client.submit)["options"] == SubmitOptions | None
+
+
+def test_an_option_given_as_none_takes_its_default() -> None:
+    assert SubmitOptions.model_validate({"retries": None, "priority": None}) == SubmitOptions()
 
 
 def test_the_api_body_and_its_openapi_schema_derive_from_the_model() -> None:
-    assert issubclass(SubmitRequest, JobOptions)
+    assert issubclass(SubmitRequest, SubmitOptions)
     assert set(SubmitRequest.model_fields) == OPTIONS | {"command", "requirements"}
     schema = document()["components"]["schemas"]["SubmitRequest"]
     assert set(schema["properties"]) == OPTIONS | {"command", "requirements"}
     for name in OPTIONS:
-        assert schema["properties"][name]["description"] == JobOptions.model_fields[name].description
+        assert schema["properties"][name]["description"] == SubmitOptions.model_fields[name].description
+    # The bounds the server enforces are the ones it publishes.
+    assert (schema["properties"]["priority"]["minimum"], schema["properties"]["priority"]["maximum"]) == (
+        -1000,
+        1000,
+    )
+    assert schema["properties"]["retries"]["maximum"] == 100
+    assert schema["properties"]["retry_delay"]["maximum"] == 3600
+    assert schema["properties"]["retries"]["default"] == 2
 
 
 def cli_options(command: click.Command) -> dict[str, click.Parameter]:
@@ -74,7 +89,21 @@ def test_the_cli_submit_has_an_option_per_field_and_per_requirement() -> None:
     local = {"source", "inputs", "wait", "dest", "redis_url", "command", "gpus_per_node"}
     # A parameter's name is the keyword it is passed to Client.submit under.
     assert set(params) == OPTIONS | REQUIREMENTS | local
-    assert params["priority"].default == JobOptions.model_fields["priority"].default
+    for name in OPTIONS:
+        option = params[name]
+        assert isinstance(option, click.Option)
+        assert (option.help or "").startswith(SubmitOptions.model_fields[name].description or "?"), name
+    priority = params["priority"]
+    assert isinstance(priority.type, click.IntRange)
+    assert (priority.type.min, priority.type.max) == (-1000, 1000)
+    assert "Default: 2." in (cast_option(params["retries"]).help or "")
+    assert cast_option(params["outputs"]).opts == ["--output"]
+    assert cast_option(params["fail_if_unschedulable"]).is_flag
+
+
+def cast_option(param: click.Parameter) -> click.Option:
+    assert isinstance(param, click.Option)
+    return param
 
 
 def test_plan_and_submit_share_the_requirement_options() -> None:
@@ -86,23 +115,26 @@ def test_plan_and_submit_share_the_requirement_options() -> None:
     assert set(cli_options(main.commands["plan"])) == REQUIREMENTS | {"redis_url"}
 
 
-def test_a_remote_functions_options_are_the_models_for_calls() -> None:
-    fields = {field.name: field for field in dataclasses.fields(CallOptions)}
-    # allow_pickle is no job option: how far the caller trusts workers with what their results hold.
-    own = {"requirements", "fresh_process", "source", "allow_pickle"}
-    assert set(fields) == CALL_OPTIONS | own
-    for name in CALL_OPTIONS:
-        assert fields[name].default == JobOptions.model_fields[name].default, name
-    # remote()'s keywords: the requirements, the call options, and the client to submit with.
-    [_, decorator] = typing.get_overloads(functions.remote)
-    assert set(keywords(decorator)) == REQUIREMENTS | (set(fields) - {"requirements"}) | {"client"}
+def test_a_remote_functions_options_share_the_run_options() -> None:
+    for name in set(CallOptions.model_fields) & OPTIONS:
+        assert CallOptions.model_fields[name].default == SubmitOptions.model_fields[name].default, name
+        assert CallOptions.model_fields[name].metadata == SubmitOptions.model_fields[name].metadata, name
+    # What a call has no use for: files, a name of its own (its function's), a key naming one job.
+    assert OPTIONS - set(CallOptions.model_fields) == {
+        "env",
+        "outputs",
+        "name",
+        "idempotency_key",
+        "fail_if_unschedulable",
+    }
 
 
 @pytest.mark.parametrize("remote", [False, True])
-def test_the_mcp_submit_tool_offers_a_subset_under_the_same_names(remote: bool) -> None:
+def test_the_mcp_submit_tools_take_the_model(remote: bool) -> None:
     server = agents.build(gl.Client("redis://127.0.0.1:1/0"), remote=remote)
     tools = {tool.name: tool for tool in asyncio.run(server.list_tools())}
-    given = set(tools["submit_job"].input_schema["properties"])
+    schema = tools["submit_job"].input_schema
     files = {"source_archive"} if remote else {"source", "inputs"}
-    assert {"command", "requirements", *files} <= given
-    assert given - {"command", "requirements", *files} <= OPTIONS
+    assert set(schema["properties"]) == {"command", "requirements", "options", *files}
+    [options, _] = schema["properties"]["options"]["anyOf"]
+    assert options == SubmitOptions.model_json_schema()

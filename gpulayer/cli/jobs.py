@@ -15,18 +15,19 @@ import click
 
 from ..client import Job
 from ..errors import GpulayerError, WaitTimeout
-from ..models import JobRecord, JobState, JobUsage, Launcher, LogLine, RetryOn
+from ..models import JobRecord, JobState, JobUsage, LogLine
+from ..options import SubmitOptions
 from ..units import format_size
 from . import terminal
 from .app import (
     EXIT_INTERRUPTED,
     duration,
     job_exit_code,
-    key_values,
     open_client,
     redis_url_option,
     requirement_options,
 )
+from .options import model_options
 from .placement import print_plan
 
 #: How long `cancel` waits to report that a running job has stopped.
@@ -44,71 +45,10 @@ QUEUED_HINT_AFTER = 3.0
     type=click.Path(path_type=Path),
     help="File or folder placed in the working folder under its base name (repeatable).",
 )
-@click.option(
-    "--output",
-    "outputs",
-    multiple=True,
-    metavar="PATH_OR_GLOB",
-    help="Path or glob in the working folder, uploaded when the job ends (repeatable).",
-)
-@click.option(
-    "--env",
-    "env",
-    multiple=True,
-    metavar="NAME=VALUE",
-    callback=key_values,
-    help="Environment variable for the job (repeatable).",
-)
-@click.option(
-    "--timeout",
-    callback=duration,
-    metavar="DURATION",
-    help="Stop the job after this long (90, 90s, 15m, 2h). Default: no limit.",
-)
-@click.option("--name", help="A name to recognise the job by.")
+@model_options(SubmitOptions)
 @requirement_options
 @click.option(
-    "--priority", type=click.IntRange(-1000, 1000), default=0, help="Higher runs first (default 0)."
-)
-@click.option(
-    "--retries", type=click.IntRange(0, 100), help="Runs again after this many failures (default 2)."
-)
-@click.option(
-    "--retry-on",
-    type=click.Choice(["lost", "exit", "both"]),
-    help="Which failures are retried: a lost worker (the default), a non-zero exit, or both.",
-)
-@click.option(
-    "--retry-delay",
-    callback=duration,
-    metavar="DURATION",
-    help="Before the first retry (default 1s); doubles after.",
-)
-@click.option(
-    "--idempotency-key", metavar="KEY", help="A second submit with the same key returns the first job's id."
-)
-@click.option(
-    "--fail-if-unschedulable",
-    is_flag=True,
-    help="Refuse the job, submitting nothing, if no connected worker could ever run it.",
-)
-@click.option(
-    "--nodes",
-    type=click.IntRange(1, 256),
-    help="Run as a gang job on this many distinct workers at once, each with what the job needs.",
-)
-@click.option(
-    "--procs-per-node",
-    type=click.IntRange(1, 256),
-    help="Ranks per node of a gang job (default: --gpus-per-node for a GPU job, else 1).",
-)
-@click.option(
     "--gpus-per-node", type=click.IntRange(0, 64), help="GPUs each node of a gang job needs (as --gpus)."
-)
-@click.option(
-    "--launcher",
-    type=click.Choice(["direct", "torchrun"]),
-    help="How a gang job's ranks start: by the worker, with torchrun's environment (default), or torchrun.",
 )
 @click.option(
     "--wait",
@@ -126,25 +66,12 @@ QUEUED_HINT_AFTER = 3.0
 def submit(
     source: Path | None,
     inputs: tuple[Path, ...],
-    outputs: tuple[str, ...],
-    env: dict[str, str],
-    timeout: float | None,
-    name: str | None,
-    priority: int,
-    retries: int | None,
-    retry_on: RetryOn | None,
-    retry_delay: float | None,
-    idempotency_key: str | None,
-    fail_if_unschedulable: bool,
-    nodes: int | None,
-    procs_per_node: int | None,
     gpus_per_node: int | None,
-    launcher: Launcher | None,
     wait: bool,
     dest: Path,
     redis_url: str | None,
     command: tuple[str, ...],
-    **requirements: Any,
+    **given: Any,
 ) -> None:
     """Queue CMD to run on a worker that has what it needs; prints the job id. Put CMD after `--`:
 
@@ -155,29 +82,11 @@ def submit(
     gpulayer submit --nodes 2 --gpus-per-node 4 --source . -- python train.py
     """
     if gpus_per_node is not None:
-        if requirements.get("gpus") is not None:
+        if given.get("gpus") is not None:
             raise click.UsageError("give --gpus or --gpus-per-node, not both")
-        requirements["gpus"] = gpus_per_node
-    client = open_client(redis_url)
-    job = client.submit(
-        list(command),
-        source=source,
-        inputs=inputs,
-        outputs=outputs,
-        env=env,
-        timeout=timeout,
-        name=name,
-        priority=priority,
-        retries=retries,
-        retry_on=retry_on,
-        retry_delay=retry_delay,
-        idempotency_key=idempotency_key,
-        fail_if_unschedulable=fail_if_unschedulable,
-        nodes=nodes,
-        procs_per_node=procs_per_node,
-        launcher=launcher,
-        **requirements,
-    )
+        given["gpus"] = gpus_per_node
+    # The options and the requirements, each by its field's name: the client tells them apart.
+    job = open_client(redis_url).submit(list(command), source=source, inputs=inputs, **given)
     if not wait:
         click.echo(job.id)
         _warn_if_no_worker_fits(job)
@@ -187,7 +96,7 @@ def submit(
         _print_lines(job, follow=True)
         record = job.wait()
     _report_end(record)
-    if outputs:
+    if given["outputs"]:
         _bring_back(job, dest)
     sys.exit(job_exit_code(record))
 

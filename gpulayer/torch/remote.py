@@ -43,8 +43,8 @@ QUEUED_HINT_AFTER = 5.0
 def run_job(trainer: Trainer, work: Callable[[], dict[str, Any]], seed: int) -> dict[str, Any]:
     """Submit ``work`` (a call of ``trainer``) as a gang job and wait; rank 0's outcome, with its
     run folder unpacked into ``trainer``'s."""
-    options = dict(trainer.job_options)
-    client = options.pop("client", None)
+    client = trainer.job_options.get("client")
+    options: dict[str, Any] = {key: value for key, value in trainer.job_options.items() if key != "client"}
     if trainer.accelerator == "cuda":
         options.setdefault("gpus", trainer.devices)
     job = DistributedJob(

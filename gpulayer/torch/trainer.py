@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +23,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader
 
+from ..functions import RemoteKeywords
 from ..models import CHECKPOINT_VARIABLE, JOB_ID_VARIABLE
 from . import checkpoint, data, launch, remote
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
@@ -92,7 +93,7 @@ class Trainer:
         enable_checkpointing: bool = True,
         enable_progress_bar: bool = True,
         resume: Literal["auto", False] | str | Path = "auto",
-        job_options: Mapping[str, Any] | None = None,
+        job_options: RemoteKeywords | None = None,
     ) -> None:
         if accelerator not in ("auto", "cpu", "cuda", "mps"):
             raise ValueError(f"accelerator must be auto, cpu, cuda or mps, not {accelerator!r}")
@@ -119,7 +120,7 @@ class Trainer:
         self.val_check_interval = val_check_interval
         self.log_every_n_steps = log_every_n_steps
         self.resume = resume
-        self.job_options = dict(job_options or {})
+        self.job_options: RemoteKeywords = job_options or {}
         self.run_dir = Path(default_root_dir or _default_run_dir()).absolute()
         self.callbacks = _arranged(callbacks, self.run_dir, enable_checkpointing, enable_progress_bar)
 

@@ -13,8 +13,8 @@ from werkzeug.datastructures import FileStorage
 from ..archive import SPOOL_BYTES
 from ..client import Job
 from ..errors import ArchiveError, OutputNotProduced, TokenError, UntrustedPayload
-from ..job_options import JobOptions
 from ..models import JobState, Role, plain_name, validation_message
+from ..options import SubmitOptions
 from ..requirements import Requirements
 from ..units import parse_duration
 from ..unpacking import extract
@@ -26,7 +26,7 @@ api = Blueprint("api", __name__, url_prefix="/api/v1")
 MAX_PAGE = 1000
 
 
-class SubmitRequest(JobOptions):
+class SubmitRequest(SubmitOptions):
     """``POST /jobs``: a command job, as ``gpulayer submit`` takes it (the job itself is then checked
     by the same :class:`gpulayer.JobSpec` the CLI builds). It names no file: files come only as the
     multipart form's uploads, never as paths, which would be the server's own files."""
@@ -104,25 +104,9 @@ def submit() -> tuple[Response, int]:
 
 def _submit_one(body: SubmitRequest, source: Path | None = None, inputs: list[Path] | None = None) -> Job:
     """The job a checked body asks for, with the files uploaded beside it (in the server's scratch
-    folder): each option passed by its name, none taken from the request's own keys."""
+    folder). The body is the options model itself: no key of the request becomes a keyword."""
     return client().submit(
-        body.command,
-        source=source,
-        inputs=inputs or [],
-        outputs=body.outputs,
-        env=body.env,
-        timeout=body.timeout,
-        name=body.name,
-        priority=body.priority,
-        retries=body.retries,
-        retry_on=body.retry_on,
-        retry_delay=body.retry_delay,
-        idempotency_key=body.idempotency_key,
-        fail_if_unschedulable=body.fail_if_unschedulable,
-        nodes=body.nodes,
-        procs_per_node=body.procs_per_node,
-        launcher=body.launcher,
-        requirements=body.requirements,
+        body.command, source=source, inputs=inputs or [], requirements=body.requirements, options=body
     )
 
 
@@ -137,23 +121,8 @@ def _submit_list(data: list[Any]) -> list[Job]:
         raise ApiError(
             400, "the jobs of a list must differ only in their command: send a list per set of options"
         )
-    if first.idempotency_key is not None:
-        raise ApiError(400, "a list of jobs takes no idempotency_key")
     return client().submit_many(
-        [item.command for item in items],
-        outputs=first.outputs,
-        env=first.env,
-        timeout=first.timeout,
-        name=first.name,
-        priority=first.priority,
-        retries=first.retries,
-        retry_on=first.retry_on,
-        retry_delay=first.retry_delay,
-        fail_if_unschedulable=first.fail_if_unschedulable,
-        nodes=first.nodes,
-        procs_per_node=first.procs_per_node,
-        launcher=first.launcher,
-        requirements=first.requirements,
+        [item.command for item in items], requirements=first.requirements, options=first
     )
 
 

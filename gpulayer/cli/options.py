@@ -1,0 +1,71 @@
+"""Click options made from a pydantic model's fields: each option's flag, type, bounds and help come
+from the field, written once in the model (gpulayer/options.py), never again here."""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+import annotated_types
+import click
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from .app import F, duration, key_values
+
+
+def model_options(model: type[BaseModel]) -> Callable[[F], F]:
+    """An option per field of ``model``, in its order. Each defaults to None (a flag to False): the
+    command passes on only what was given, and the model applies its own defaults."""
+
+    def decorate(command: F) -> F:
+        for name, field in reversed(model.model_fields.items()):
+            command = _option(name, field)(command)
+        return command
+
+    return decorate
+
+
+def _option(name: str, field: FieldInfo) -> Callable[[F], F]:
+    kind = _given(field.annotation)
+    flag = "--" + name.replace("_", "-")
+    text = (field.description or "") + _default(field)
+    if kind is bool:
+        return click.option(flag, name, is_flag=True, help=text)
+    if typing.get_origin(kind) is Literal:
+        return click.option(flag, name, type=click.Choice(typing.get_args(kind)), help=text)
+    if kind is int:
+        return click.option(flag, name, type=click.IntRange(*_bounds(field)), help=text)
+    if kind is float:  # every float option is a span of time: given as 90, 90s, 15m, 2h
+        return click.option(flag, name, callback=duration, metavar="DURATION", help=text)
+    if typing.get_origin(kind) is dict:
+        return click.option(
+            flag, name, multiple=True, metavar="NAME=VALUE", callback=key_values, help=text + " Repeatable."
+        )
+    if typing.get_origin(kind) is list:  # --output, once per item
+        return click.option(flag.removesuffix("s"), name, multiple=True, help=text + " Repeatable.")
+    return click.option(flag, name, metavar=name.upper(), help=text)
+
+
+def _given(annotation: Any) -> Any:
+    """The type an option is given as: ``int | None`` is an ``int`` option that may be left out."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        [kind] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return kind
+    return annotation
+
+
+def _bounds(field: FieldInfo) -> tuple[int | None, int | None]:
+    low = next((m.ge for m in field.metadata if isinstance(m, annotated_types.Ge)), None)
+    high = next((m.le for m in field.metadata if isinstance(m, annotated_types.Le)), None)
+    return typing.cast("int | None", low), typing.cast("int | None", high)
+
+
+def _default(field: FieldInfo) -> str:
+    default = field.get_default(call_default_factory=True)
+    if default is None or default is False or default in ([], {}):
+        return ""
+    shown = f"{default:g}s" if isinstance(default, float) else str(default)
+    return f" Default: {shown}."
