@@ -40,19 +40,43 @@ class Bar:
 
 @dataclasses.dataclass(frozen=True)
 class Chart:
+    """A chart as drawn."""
+
     name: str
     title: str
     unit: str
     bars: tuple[Bar, ...]
-    #: The results file(s) the bars come from, and the date of that run: the chart's footnote.
+    #: The results file the bars come from, and the date of that run: the chart's footnote.
     source: str
-    #: "higher is better" or "lower is better": said under the title.
+    #: "higher is better" or "lower is better", and anything else to read it by: under the title.
     better: str
     #: The names of the parts of stacked bars; empty for plain bars.
     parts: tuple[str, ...] = ()
 
 
-Results = Callable[[str], dict[str, Any]]
+Data = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A chart as declared: what it shows, and how its bars come out of one results file."""
+
+    name: str
+    results_file: str
+    #: The title and what is better may name the results file's top-level values (``{calls}``).
+    title: str
+    unit: str
+    better: str
+    bars: Callable[[Data], list[Bar]]
+    parts: tuple[str, ...] = ()
+
+    def chart(self, data: Data) -> Chart:
+        machine = data.get("machine", {})
+        source = f"benchmarks/results/{self.results_file}.json, {machine.get('date', '?')}, "
+        source += f"{machine.get('cpus', '?')} CPUs"
+        bars = tuple(self.bars(data))
+        title, better = self.title.format(**data), self.better.format(**data)
+        return Chart(self.name, title, self.unit, bars, source, better, self.parts)
 
 
 def number(value: float) -> str:
@@ -72,248 +96,213 @@ def pretty(name: str) -> str:
     return name
 
 
-def footnote(name: str, data: dict[str, Any]) -> str:
-    machine = data.get("machine", {})
-    return f"benchmarks/results/{name}.json, {machine.get('date', '?')}, {machine.get('cpus', '?')} CPUs"
+def rows(section: str, field: str | None = None) -> Callable[[Data], list[Bar]]:
+    """A bar per row of a section of a results file, GPUlayer's rows in colour: the row's ``field``
+    (a row without it is left out), or the row itself if ``field`` is None."""
+
+    def bars(data: Data) -> list[Bar]:
+        return [
+            Bar(name, (row if field is None else row[field],), name.startswith("gpulayer"))
+            for name, row in data[section].items()
+            if field is None or field in row
+        ]
+
+    return bars
 
 
-def end_to_end(results: Results) -> Chart:
-    data = results("core_throughput")
-    rows = data["end_to_end"]
-    peers = ("rq SimpleWorker", "dramatiq, 2 processes x 4 threads")
-    bars = [
-        Bar(name, (row["jobs_per_s"],), name not in peers)
-        for name, row in rows.items()
-        if "jobs_per_s" in row
-    ]
-    return Chart(
-        "end_to_end",
-        "Short command jobs end to end: a submit loop, then a wait on each",
-        "jobs/s",
-        tuple(bars),
-        footnote("core_throughput", data),
-        "higher is better; two workers on the same 2 cores as the client and Redis",
-    )
+CPU_PARTS = ("cpu_ms_worker", "cpu_ms_jobs", "cpu_ms_redis", "cpu_ms_client")
 
 
-def cpu_per_job(results: Results) -> Chart:
-    data = results("core_throughput")
-    parts = ("cpu_ms_worker", "cpu_ms_jobs", "cpu_ms_redis", "cpu_ms_client")
-    bars = [
-        Bar(name, tuple(row[part] for part in parts), not name.startswith("dramatiq"))
+def cpu_parts(data: Data) -> list[Bar]:
+    return [
+        Bar(name, tuple(row[part] for part in CPU_PARTS))
         for name, row in data["end_to_end"].items()
-        if all(part in row for part in parts)
+        if all(part in row for part in CPU_PARTS)
     ]
-    return Chart(
-        "cpu_per_job",
-        "Where a short job's CPU goes, end to end",
-        "ms of CPU per job",
-        tuple(bars),
-        footnote("core_throughput", data),
-        "lower is better",
-        ("workers", "the job (true)", "Redis", "client"),
-    )
 
 
-def drain(results: Results) -> Chart:
-    data = results("core_throughput")
-    bars = [
-        Bar(name, (row["jobs_per_s"],), name.startswith("gpulayer"))
-        for name, row in data["throughput"].items()
+def worker_parts(data: Data) -> list[Bar]:
+    return [
+        Bar(name, (ms,))
+        for name, ms in sorted(data["parts_ms"].items(), key=lambda item: (-item[1], item[0]))
     ]
-    return Chart(
-        "drain",
-        "2,000 queued jobs of true drained by two workers",
-        "jobs/s",
-        tuple(bars),
-        footnote("core_throughput", data),
-        "higher is better",
-    )
 
 
-def idle_dispatch(results: Results) -> Chart:
-    data = results("core_throughput")
-    bars = [
-        Bar(name, (row["p50_ms"],), name.startswith("gpulayer")) for name, row in data["idle_latency"].items()
-    ]
-    return Chart(
-        "idle_dispatch",
-        "Submit to start on an idle worker, p50",
-        "ms",
-        tuple(bars),
-        footnote("core_throughput", data),
-        "lower is better",
-    )
+def map_rates(data: Data) -> list[Bar]:
+    dramatiq = Bar("dramatiq, 2 processes x 4 threads", (data["dramatiq"]["calls_per_s"],), False)
+    return [*rows("runs", "calls_per_s")(data), dramatiq]
 
 
-def worker_profile(results: Results) -> Chart:
-    data = results("worker_profile")
-    parts = sorted(data["parts_ms"].items(), key=lambda item: (-item[1], item[0]))
-    return Chart(
-        "worker_profile",
-        "A worker's own CPU per short job, part by part",
-        "ms",
-        tuple(Bar(name, (value,)) for name, value in parts),
-        footnote("worker_profile", data),
-        f"lower is better; {number(data['worker_cpu_ms_per_job'])} ms in all",
-    )
-
-
-def remote_functions(results: Results) -> Chart:
-    data = results("sdk_map")
-    bars = [
-        Bar(name, (row["calls_per_s"],), name.startswith("gpulayer")) for name, row in data["runs"].items()
-    ]
-    bars.append(Bar("dramatiq, 2 processes x 4 threads", (data["dramatiq"]["calls_per_s"],), False))
-    return Chart(
-        "remote_functions",
-        ".map over 2,000 no-op calls on two workers",
-        "calls/s",
-        tuple(bars),
-        footnote("sdk_map", data),
-        "higher is better",
-    )
-
-
-def cpu_sweep(results: Results) -> Chart:
-    data = results("cpu_sweep")
-    bars = [Bar(name, (seconds,), name.startswith("gpulayer")) for name, seconds in data["seconds"].items()]
-    return Chart(
-        "cpu_sweep",
-        f"{data['calls']} calls of a {data['size']} x {data['size']} ridge fit",
-        "s",
-        tuple(bars),
-        footnote("cpu_sweep", data),
-        "lower is better",
-    )
-
-
-def script_calls(results: Results) -> Chart:
-    data = results("script_calls")
+def script_call_costs(data: Data) -> list[Bar]:
     calls = data["redis_us_per_call"]
-    return Chart(
-        "script_calls",
-        "Redis's CPU per script call: the function library against EVALSHA",
-        "µs",
-        (Bar("FCALL", (calls["fcall"],)), Bar("EVALSHA (before)", (calls["evalsha"],), False)),
-        footnote("script_calls", data),
-        "lower is better",
-    )
+    return [Bar("FCALL", (calls["fcall"],)), Bar("EVALSHA (before)", (calls["evalsha"],), False)]
 
 
-def placement(results: Results) -> Chart:
-    data = results("placement_scale")
+def claims(data: Data) -> list[Bar]:
     bars = []
     for depth in sorted(data["gpulayer"], key=int):
         bars.append(Bar(f"GPUlayer claim, {int(depth):,} queued", (data["gpulayer"][depth]["claim_ms"],)))
         bars.append(Bar(f"RQ dequeue_any, {int(depth):,} queued", (data["rq"][depth]["claim_ms"],), False))
-    return Chart(
-        "placement",
-        f"A claim over 50 queues, {data['workers']:,} workers registered",
-        "ms",
-        tuple(bars),
-        footnote("placement_scale", data),
-        "lower is better; GPUlayer's claim also places the job on GPUs, slots and memory",
-    )
+    return bars
 
 
-def recovery(results: Results) -> Chart:
-    data = results("recovery")
-    bars = [Bar(name, (row["p50_s"],), name.startswith("gpulayer")) for name, row in data["results"].items()]
-    return Chart(
-        "recovery",
-        "A worker's machine dies: until its job runs again elsewhere, p50",
-        "s",
-        tuple(bars),
-        footnote("recovery", data),
-        "lower is better",
-    )
-
-
-def failover(results: Results) -> Chart:
-    data = results("failover")
+def failover_times(data: Data) -> list[Bar]:
     median = data["median"]
-    return Chart(
-        "failover",
-        "From the Redis master's SIGKILL, median of the trials",
-        "s",
-        (
-            Bar("the sentinels name the new master", (median["sentinels_s"],), False),
-            Bar("the first new job starts", (median["first_new_job_started_s"],)),
-            Bar("the interrupted jobs have ended", (median["interrupted_jobs_done_s"],)),
-        ),
-        footnote("failover", data),
-        "lower is better; the sentinels' own switch is the floor",
-    )
-
-
-def gang_start(results: Results) -> Chart:
-    data = results("gang_start")
-    names = {
-        "gpulayer_direct": "GPUlayer, direct launcher",
-        "gpulayer_torchrun": "GPUlayer, torchrun launcher",
-        "processes_by_hand": "4 processes started by hand",
-        "torchrun_by_hand": "torchrun started by hand",
-    }
-    bars = [
-        Bar(label, (data["summary"][key]["p50_s"] * 1000,), key.startswith("gpulayer"))
-        for key, label in names.items()
+    return [
+        Bar("the sentinels name the new master", (median["sentinels_s"],), False),
+        Bar("the first new job starts", (median["first_new_job_started_s"],)),
+        Bar("the interrupted jobs have ended", (median["interrupted_jobs_done_s"],)),
     ]
-    return Chart(
-        "gang_start",
-        f"A {data['world']} gang job from submit until every rank runs, p50",
-        "ms",
-        tuple(bars),
-        footnote("gang_start", data),
-        "lower is better",
-    )
 
 
-def api_load(results: Results) -> Chart:
-    data = results("api_load")
+GANG_ROWS = {
+    "gpulayer_direct": "GPUlayer, direct launcher",
+    "gpulayer_torchrun": "GPUlayer, torchrun launcher",
+    "processes_by_hand": "4 processes started by hand",
+    "torchrun_by_hand": "torchrun started by hand",
+}
+
+
+def gang_starts(data: Data) -> list[Bar]:
+    summary = data["summary"]
+    return [
+        Bar(label, (summary[key]["p50_s"] * 1000,), key.startswith("gpulayer"))
+        for key, label in GANG_ROWS.items()
+    ]
+
+
+def api_rates(data: Data) -> list[Bar]:
     bars = []
     for what in ("listing", "submit"):
         bars.append(Bar(f"{what} through the HTTP API", (data[what]["per_s"],)))
         bars.append(Bar(f"{what} by the Python client", (data[what]["direct_per_s"],), False))
-    return Chart(
+    return bars
+
+
+TRAINER_ROWS = {"plain": "plain PyTorch loop", "trainer": "Trainer", "trainer_defaults": "Trainer, defaults"}
+
+
+def trainer_steps(data: Data) -> list[Bar]:
+    steps = data["us_per_step"]
+    return [Bar(label, (steps[key] / 1000,), key != "plain") for key, label in TRAINER_ROWS.items()]
+
+
+LOWER, HIGHER = "lower is better", "higher is better"
+
+SPECS = (
+    Spec(
+        "end_to_end",
+        "core_throughput",
+        "Short command jobs end to end: a submit loop, then a wait on each",
+        "jobs/s",
+        f"{HIGHER}; two workers on the same 2 cores as the client and Redis",
+        rows("end_to_end", "jobs_per_s"),
+    ),
+    Spec(
+        "cpu_per_job",
+        "core_throughput",
+        "Where a short job's CPU goes, end to end",
+        "ms of CPU per job",
+        LOWER,
+        cpu_parts,
+        ("workers", "the job (true)", "Redis", "client"),
+    ),
+    Spec(
+        "drain",
+        "core_throughput",
+        "2,000 queued jobs of true drained by two workers",
+        "jobs/s",
+        HIGHER,
+        rows("throughput", "jobs_per_s"),
+    ),
+    Spec(
+        "idle_dispatch",
+        "core_throughput",
+        "Submit to start on an idle worker, p50",
+        "ms",
+        LOWER,
+        rows("idle_latency", "p50_ms"),
+    ),
+    Spec(
+        "worker_profile",
+        "worker_profile",
+        "A worker's own CPU per short job, part by part",
+        "ms",
+        f"{LOWER}; {{worker_cpu_ms_per_job:.2f}} ms in all",
+        worker_parts,
+    ),
+    Spec(
+        "remote_functions",
+        "sdk_map",
+        ".map over {calls:,} no-op calls on two workers",
+        "calls/s",
+        HIGHER,
+        map_rates,
+    ),
+    Spec(
+        "cpu_sweep",
+        "cpu_sweep",
+        "{calls} calls of a {size} x {size} ridge fit",
+        "s",
+        LOWER,
+        rows("seconds"),
+    ),
+    Spec(
+        "script_calls",
+        "script_calls",
+        "Redis's CPU per script call: the function library against EVALSHA",
+        "µs",
+        LOWER,
+        script_call_costs,
+    ),
+    Spec(
+        "placement",
+        "placement_scale",
+        "A claim over 50 queues, {workers:,} workers registered",
+        "ms",
+        f"{LOWER}; GPUlayer's claim also places the job on GPUs, slots and memory",
+        claims,
+    ),
+    Spec(
+        "recovery",
+        "recovery",
+        "A worker's machine dies: until its job runs again elsewhere, p50",
+        "s",
+        LOWER,
+        rows("results", "p50_s"),
+    ),
+    Spec(
+        "failover",
+        "failover",
+        "From the Redis master's SIGKILL, median of the trials",
+        "s",
+        f"{LOWER}; the sentinels' own switch is the floor",
+        failover_times,
+    ),
+    Spec(
+        "gang_start",
+        "gang_start",
+        "A {world} gang job from submit until every rank runs, p50",
+        "ms",
+        LOWER,
+        gang_starts,
+    ),
+    Spec(
         "api_load",
-        f"The HTTP API under {data['clients']} clients, {data['jobs_in_redis']:,} jobs in Redis",
+        "api_load",
+        "The HTTP API under {clients} clients, {jobs_in_redis:,} jobs in Redis",
         "requests/s",
-        tuple(bars),
-        footnote("api_load", data),
-        "higher is better; the client goes straight to Redis",
-    )
-
-
-def trainer(results: Results) -> Chart:
-    data = results("trainer_overhead")
-    names = {"plain": "plain PyTorch loop", "trainer": "Trainer", "trainer_defaults": "Trainer, defaults"}
-    bars = [Bar(label, (data["us_per_step"][key] / 1000,), key != "plain") for key, label in names.items()]
-    return Chart(
+        f"{HIGHER}; the client goes straight to Redis",
+        api_rates,
+    ),
+    Spec(
         "trainer",
+        "trainer_overhead",
         "Per training step on the CPU, median of interleaved runs",
         "ms",
-        tuple(bars),
-        footnote("trainer_overhead", data),
-        "lower is better",
-    )
-
-
-CHARTS_MADE: tuple[Callable[[Results], Chart], ...] = (
-    end_to_end,
-    cpu_per_job,
-    drain,
-    idle_dispatch,
-    worker_profile,
-    remote_functions,
-    cpu_sweep,
-    script_calls,
-    placement,
-    recovery,
-    failover,
-    gang_start,
-    api_load,
-    trainer,
+        LOWER,
+        trainer_steps,
+    ),
 )
 
 
@@ -366,8 +355,7 @@ def charts(results_dir: Path = RESULTS) -> dict[str, str]:
         loaded: dict[str, Any] = json.loads((results_dir / f"{name}.json").read_text())
         return loaded
 
-    made = (make(results) for make in CHARTS_MADE)
-    return {f"{chart.name}.svg": render(chart) for chart in made}
+    return {f"{spec.name}.svg": render(spec.chart(results(spec.results_file))) for spec in SPECS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -86,6 +86,12 @@ def test_every_link_into_the_performance_page_names_one_of_its_sections() -> Non
     assert sorted(where for where in cited if where[1] not in anchors(PERFORMANCE)) == []
 
 
+def test_the_files_pyproject_cites_exist() -> None:
+    cited = re.findall(r"#.*?\b([\w/]+\.(?:md|py))\b", (ROOT / "pyproject.toml").read_text())
+    assert "CONTRIBUTING.md" in cited
+    assert [name for name in cited if not (ROOT / name).is_file()] == []
+
+
 def test_the_docs_name_no_path_of_one_machine() -> None:
     named = [
         page.relative_to(ROOT).as_posix()
