@@ -21,9 +21,9 @@ class InstallationCollector(Collector):
     """Jobs by state, queue depths, workers, each worker's CPU slots and GPUs in use and its latest
     telemetry, and the histograms of jobs' start latency and run time."""
 
-    def __init__(self, over: Service) -> None:
-        self._service = over
-        self._client = over.client
+    def __init__(self, served: Service) -> None:
+        self._service = served
+        self._client = served.client
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily(
