@@ -193,6 +193,12 @@ def test_two_inputs_with_one_name_are_refused(client: Client, tmp_path: Path) ->
         client.submit(["true"], inputs=[tmp_path / "a" / "x.csv", tmp_path / "b" / "x.csv"])
 
 
+def test_revoking_a_token_that_does_not_exist_exits_as_a_token_error_did(cli: Cli) -> None:
+    result = cli("token", "revoke", "ghost")
+    assert result.exit_code == 2
+    assert one_line_error(result) == "no token named 'ghost'"
+
+
 #: A row of the tree drawn in ``gpulayer/errors.py``: the branches, the name, exit code, status and what
 #: it is (where a second base is named: "also a TokenError").
 _ROW = re.compile(
