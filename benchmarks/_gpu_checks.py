@@ -41,6 +41,7 @@ from pydantic import ValidationError
 import gpulayer as gl
 from gpulayer.models import JobState, validation_message
 from gpulayer.requirements import Requirements
+from gpulayer.service import Service
 
 TRAINER = HERE / "_gpu_trainer.py"
 #: Utilisation (percent) a load job must reach, and by how much above the idle GPU's.
@@ -158,7 +159,7 @@ def telemetry(target: Target, hub: Hub, timeout: float) -> Outcome:
     started = time.time()
     busy = poll_metrics(hub, token, lambda seen: len(seen) >= 3 and max(seen) >= BUSY, load_for)
     job.cancel()
-    samples = hub.client.telemetry(time.time() - started + 2, [WORKER]).get(WORKER, [])
+    samples = Service(hub.client).telemetry(time.time() - started + 2, [WORKER]).get(WORKER, [])
     feed = [gpu.utilization for sample in samples for gpu in sample.gpus if gpu.uuid == target.gpu.uuid]
     gauges = metric_samples(metrics_text(hub, token), target.gpu.uuid)
     data = {"idle": idle, "under_load": busy, "feed": feed, "labels_and_gauges": gauges}

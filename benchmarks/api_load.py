@@ -30,6 +30,7 @@ from simple_websocket import Client as WebSocket
 
 from gpulayer import Client, Settings
 from gpulayer.network import free_port
+from gpulayer.service import Service
 
 
 def hammer(
@@ -175,7 +176,7 @@ def main() -> None:
     args = parser.parse_args()
     with private_installation() as (url, home):
         client = Client(url, settings=Settings(home=home))
-        token, _ = client.create_token("bench", "admin")
+        token, _ = Service(client).create_token("bench", "admin")
         port = free_port()
         os.environ["API_PORT"] = str(port)
         server = subprocess.Popen(

@@ -1,4 +1,5 @@
-"""The one way in: the CLI, the SDK and the web API all go through :class:`Client`."""
+"""The one way in: the CLI, the SDK and the web API all go through :class:`Client` (a server's tokens,
+sessions and monitoring through :class:`gpulayer.service.Service`, over the same stores)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any
 
 from redis.exceptions import RedisError
 from typing_extensions import Unpack
@@ -30,24 +31,17 @@ from .errors import (
     JobNotFinished,
     JobNotFound,
     OutputNotProduced,
-    TokenError,
     Unschedulable,
     WaitTimeout,
     WorkerNotFound,
 )
-from .inventory import Telemetry, WorkerInfo
+from .inventory import WorkerInfo
 from .models import (
-    ActivitySample,
-    BrowserSession,
     Distributed,
     JobRecord,
     JobSpec,
     JobState,
     LogLine,
-    OpenedSession,
-    QueueInfo,
-    Role,
-    TokenInfo,
     build_spec,
     validated,
 )
@@ -56,21 +50,17 @@ from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
 from .requirements import Requirements
 from .settings import Settings
-from .store import histograms
 from .store.artifacts import (
     INPUTS_ARCHIVE,
     OUTPUTS_ARCHIVE,
     SOURCE_ARCHIVE,
     MissingArtifact,
 )
-from .store.channels import Subscription
 from .store.connection import BLOCK_MS, connect
 from .store.jobs import new_job_id, under_new_ids
-from .store.logs import LogUpdates
 from .store.readahead import ReadAhead
 from .store.sender import Sender
 from .store.stores import Stores
-from .store.telemetry import HISTORY
 from .units import format_size
 from .unpacking import extract
 
@@ -393,98 +383,6 @@ class Client:
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self.stores.workers.list()
-
-    def telemetry(
-        self, seconds: float = HISTORY, workers: Sequence[str] | None = None
-    ) -> dict[str, list[Telemetry]]:
-        """Each connected worker's (or each of ``workers``') telemetry samples (CPU, memory, GPUs)
-        over the last ``seconds`` (Redis keeps an hour), oldest first, by worker name."""
-        names = list(workers) if workers is not None else [worker.name for worker in self.workers()]
-        return self.stores.telemetry.history(names, seconds)
-
-    def activity(self, seconds: float = HISTORY) -> list[ActivitySample]:
-        """Samples of the whole installation (jobs by state, queue depths) over the last ``seconds``."""
-        return self.stores.telemetry.activity(seconds)
-
-    def histograms(self) -> dict[str, histograms.Histogram]:
-        """The time jobs took from queued to running (``start_latency``), and how long they ran
-        (``run_time``), over every job since Redis's data began."""
-        return {
-            "start_latency": histograms.read(self.redis, self.keys.start_latency, histograms.START_BUCKETS),
-            "run_time": histograms.read(self.redis, self.keys.run_time, histograms.RUN_BUCKETS),
-        }
-
-    def ended_counts(self) -> dict[JobState, int]:
-        """How many jobs ended in each final state since Redis's data began (past their retention
-        too): what a rate of ended jobs is computed from."""
-        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.ended_counts))
-        counts = {state: 0 for state in JobState if state.is_terminal}
-        for name, count in raw.items():
-            with contextlib.suppress(ValueError):
-                counts[JobState(name.decode())] = int(count)
-        return counts
-
-    def queues(self) -> tuple[list[QueueInfo], int]:
-        """Every queue with how many jobs wait in it, and how many gang jobs wait for workers."""
-        return self.stores.queues.list()
-
-    def create_token(self, name: str, role: Role, expires_in: float | None = None) -> tuple[str, TokenInfo]:
-        """A new API token for the HTTP API and dashboard: the token (shown once; only its hash is
-        kept) and its record. ``expires_in`` seconds, or never. :class:`TokenError` if ``name`` is taken."""
-        return self.stores.tokens.create(name, role, expires_in)
-
-    def tokens(self) -> list[TokenInfo]:
-        """The API tokens that still work, by name."""
-        return self.stores.tokens.list()
-
-    def revoke_token(self, name: str) -> None:
-        """Stop the token named ``name`` at once; :class:`TokenError` if there is none."""
-        if not self.stores.tokens.revoke(name):
-            raise TokenError(f"no token named {name!r}")
-
-    def check_token(self, token: str) -> TokenInfo | None:
-        """The record of ``token`` if it works (exists, not revoked, not expired), else None."""
-        return self.stores.tokens.check(token)
-
-    def check_token_digest(self, digest: str) -> TokenInfo | None:
-        """:meth:`check_token` by the token's SHA-256, as a browser session keeps it."""
-        return self.stores.tokens.check_digest(digest)
-
-    def record_failed_login(self, address: str, window: int) -> int:
-        """Count a failed login from ``address``; returns how many there were in the last ``window`` s."""
-        return self.stores.tokens.failed_login(address, window)
-
-    def failed_logins(self, address: str) -> int:
-        return self.stores.tokens.login_failures(address)
-
-    def open_session(self, token: str) -> OpenedSession | None:
-        """A browser session for ``token`` (its cookie, shown only now), lasting until it is closed,
-        a working day has passed, or the token expires; None if the token does not work."""
-        return self.stores.tokens.open_session(token)
-
-    def session(self, cookie: str) -> BrowserSession | None:
-        """The record of the browser session a cookie stands for, while it lasts, else None."""
-        return self.stores.tokens.session(cookie)
-
-    def close_session(self, cookie: str) -> bool:
-        """End a browser session at once; False if it had already ended."""
-        return self.stores.tokens.close_session(cookie)
-
-    def read_logs(self, cursors: Mapping[str, str], *, count: int = 500, block_ms: int = 100) -> LogUpdates:
-        """One read of many jobs' logs, blocking up to ``block_ms``: up to ``count`` lines of each job
-        after its cursor (a line's id, ``0-0`` for the first; by job id), and how each that has ended
-        ended. What a server streaming many logs at once reads, not a :meth:`Job.logs` per job."""
-        return self.stores.logs.read_many(cursors, count, block_ms)
-
-    def log_range(self, job_id: str, after: str, until: str) -> list[tuple[str, LogLine]]:
-        """Every stored line of a job after line ``after`` up to line ``until`` (ids): what one who
-        joins a follower late catches up with. A job that is gone has none."""
-        return self.stores.logs.page(job_id, after, None, until)
-
-    def subscribe(self) -> Subscription:
-        """A pub/sub connection of its own, hearing revoked tokens and, while it follows them, events
-        (job states, workers, telemetry); close it when done."""
-        return Subscription(self.redis, self.keys)
 
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with

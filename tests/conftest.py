@@ -37,6 +37,7 @@ from gpulayer.models import IdentityRole, Role
 from gpulayer.network import free_port
 from gpulayer.options import SubmitKeywords
 from gpulayer.server import redis_server_binary, redis_version, start_redis, wait_ready
+from gpulayer.service import Service
 from gpulayer.store import acl
 from gpulayer.store.keys import Keys
 from gpulayer.store.rq_names import point_rq_at
@@ -396,7 +397,7 @@ def http(app: Flask) -> FlaskClient:
 def tokens(web_client: Client) -> dict[str, str]:
     """A working token of each role, by role."""
     roles: tuple[Role, ...] = ("admin", "submitter", "viewer", "metrics")
-    return {role: web_client.create_token(f"t-{role}", role)[0] for role in roles}
+    return {role: Service(web_client).create_token(f"t-{role}", role)[0] for role in roles}
 
 
 def auth(token: str) -> dict[str, str]:

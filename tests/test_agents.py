@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gpulayer import Client, JobState
 from gpulayer.requirements import Requirements
+from gpulayer.service import Service
 
 from .conftest import Workers, submit_keywords
 
@@ -235,8 +236,8 @@ async def test_over_http_a_token_decides_the_tools_and_the_source_comes_as_an_ar
 ) -> None:
     address, web = web_server
     workers.start("w1", 2)
-    submitter, _ = web.create_token("agent", "submitter")
-    viewer, _ = web.create_token("watcher", "viewer")
+    submitter, _ = Service(web).create_token("agent", "submitter")
+    viewer, _ = Service(web).create_token("watcher", "viewer")
     project = tmp_path / "project"
     project.mkdir()
     (project / "hello.sh").write_text("echo hello from the archive\n")
@@ -260,7 +261,7 @@ async def test_over_http_a_token_decides_the_tools_and_the_source_comes_as_an_ar
         assert (await agent.call_tool("submit_job", {"command": ["true"]})).is_error
         assert (await call(agent, "get_job", job_id=job_id))["state"] == "succeeded"
     # Without a token, or with a metrics token: refused before any MCP.
-    metrics, _ = web.create_token("scraper", "metrics")
+    metrics, _ = Service(web).create_token("scraper", "metrics")
     for headers, status in (({}, 401), ({"Authorization": f"Bearer {metrics}"}, 403)):
         answer = httpx2.post(f"http://{address}/mcp", headers=headers, json={})
         assert answer.status_code == status
@@ -274,7 +275,7 @@ async def test_over_http_submit_job_takes_no_keyword_of_client_submit_in_its_req
     file (its own access here). Each keyword of Client.submit that is not a requirement is refused
     there, as a tool error, and nothing is queued."""
     address, web = web_server
-    submitter, _ = web.create_token("agent", "submitter")
+    submitter, _ = Service(web).create_token("agent", "submitter")
     own = str(web.settings.home / "access" / "web.json")
     keywords = submit_keywords() - set(Requirements.model_fields)
     assert {"source", "inputs", "requirements"} <= keywords

@@ -29,6 +29,7 @@ from simple_websocket import ConnectionError as Refused
 from gpulayer import Client, JobState
 from gpulayer.models import Role
 from gpulayer.network import free_port
+from gpulayer.service import Service
 from gpulayer.web.auth import ROLE_ATTRIBUTE
 from tests.conftest import Workers, auth, wait_for
 
@@ -101,12 +102,12 @@ def test_a_revoked_or_expired_token_stops_working_at_once(
     assert http.delete("/api/v1/tokens/t-viewer", headers=auth(tokens["admin"])).status_code == 200
     answer = http.get("/api/v1/jobs", headers=viewer)
     assert (answer.status_code, answer.json) == (401, {"error": "the token is unknown, revoked or expired"})
-    brief, _ = web_client.create_token("brief", "viewer", expires_in=0.2)
+    brief, _ = Service(web_client).create_token("brief", "viewer", expires_in=0.2)
     assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 200
     time.sleep(0.3)
     assert http.get("/api/v1/jobs", headers=auth(brief)).status_code == 401
     # Shorter than Redis counts (a millisecond) is made, and is over at once.
-    instant, _ = web_client.create_token("instant", "viewer", expires_in=0.0001)
+    instant, _ = Service(web_client).create_token("instant", "viewer", expires_in=0.0001)
     time.sleep(0.01)
     assert http.get("/api/v1/jobs", headers=auth(instant)).status_code == 401
 
@@ -277,7 +278,7 @@ def test_workers_queues_and_tokens(
     assert made.status_code == 201
     assert made.json is not None
     assert made.json["token"].startswith("glt_")
-    assert web_client.check_token(made.json["token"]) is not None
+    assert Service(web_client).check_token(made.json["token"]) is not None
     listed_tokens = http.get("/api/v1/tokens", headers=admin).json
     assert listed_tokens is not None
     assert "ci" in [t["name"] for t in listed_tokens["tokens"]]
@@ -294,7 +295,7 @@ def test_tokens_from_the_command_line(cli: Callable[..., Result], web_client: Cl
     assert made.exit_code == 0
     secret = made.stdout.strip()
     assert secret.startswith("glt_")
-    info = web_client.check_token(secret)
+    info = Service(web_client).check_token(secret)
     assert info is not None
     assert (info.name, info.role) == ("laptop", "viewer")
     assert "laptop  viewer" in cli("token", "list").output
@@ -307,12 +308,12 @@ def test_tokens_from_the_command_line(cli: Callable[..., Result], web_client: Cl
     assert bad.exit_code == 2
     assert bad.output.startswith("Error: invalid token: name: String should match pattern")
     assert cli("token", "revoke", "laptop").exit_code == 0
-    assert web_client.check_token(secret) is None
+    assert Service(web_client).check_token(secret) is None
     assert cli("token", "revoke", "laptop").exit_code == 2
 
 
 def test_the_server_command_serves_the_api_with_gunicorn(env: dict[str, str], web_client: Client) -> None:
-    token, _ = web_client.create_token("served", "viewer")
+    token, _ = Service(web_client).create_token("served", "viewer")
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
@@ -395,7 +396,7 @@ def test_a_log_websocket_refuses_another_origin_and_closes_when_its_token_is_rev
         Client_.connect(url, headers=auth(tokens["metrics"]))
     ws = Client_.connect(url, headers={**auth(tokens["viewer"]), "Origin": f"http://{served}"})
     time.sleep(0.3)
-    web_client.revoke_token("t-viewer")
+    Service(web_client).revoke_token("t-viewer")
     started = time.monotonic()
 
     def drain() -> None:
@@ -454,7 +455,7 @@ def test_a_browser_logs_in_with_a_token_and_its_session_needs_csrf_for_changes(
         http.post("/api/v1/jobs", json={"command": ["true"]}, headers={"X-CSRF-Token": csrf}).status_code
         == 201
     )
-    web_client.revoke_token("t-submitter")
+    Service(web_client).revoke_token("t-submitter")
     assert http.get("/api/v1/jobs").status_code == 401
     assert http.post("/logout").status_code == 200
 

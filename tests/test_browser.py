@@ -26,6 +26,7 @@ import redis
 from gpulayer import Client, JobState, Settings
 from gpulayer import access as accesses
 from gpulayer.network import free_port
+from gpulayer.service import Service
 from tests.conftest import Hub, Workers, wait_for
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -111,7 +112,8 @@ def stack(redis_server: str, session_hub: Hub, tmp_path_factory: pytest.TempPath
 
         wait_for(ready, what="the server to answer")
         tokens = {
-            role: client.create_token(f"browser-{role}", role)[0] for role in ("admin", "submitter", "viewer")
+            role: Service(client).create_token(f"browser-{role}", role)[0]
+            for role in ("admin", "submitter", "viewer")
         }
         yield Stack(url, client, tokens)
     finally:

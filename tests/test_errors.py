@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import redis
 from click.testing import Result
 
-from gpulayer import Client, InputNotFound, Settings, SourceError
+from gpulayer import Client, InputNotFound, Settings, SourceError, errors
 from gpulayer import access as accesses
 from gpulayer.network import free_port
 
@@ -190,3 +191,65 @@ def test_two_inputs_with_one_name_are_refused(client: Client, tmp_path: Path) ->
     (tmp_path / "b" / "x.csv").write_text("2")
     with pytest.raises(InputNotFound, match=r"two inputs are named 'x\.csv'"):
         client.submit(["true"], inputs=[tmp_path / "a" / "x.csv", tmp_path / "b" / "x.csv"])
+
+
+def test_revoking_a_token_that_does_not_exist_exits_as_a_token_error_did(cli: Cli) -> None:
+    result = cli("token", "revoke", "ghost")
+    assert result.exit_code == 2
+    assert one_line_error(result) == "no token named 'ghost'"
+
+
+#: A row of the tree drawn in ``gpulayer/errors.py``: the branches, the name, exit code, status and what
+#: it is (where a second base is named: "also a TokenError").
+_ROW = re.compile(
+    r"^    (?P<branches>[│├└─ ]*)(?P<name>[A-Z]\w+) +(?P<exit>\d+) +(?P<status>\d+)  (?P<about>.*)$"
+)
+
+#: A class as the tree draws it: its bases (the one it is drawn under first), exit code and status.
+Drawn = tuple[tuple[str, ...], int, int]
+
+
+def drawn_tree() -> dict[str, Drawn]:
+    """Each class the docstring of ``gpulayer.errors`` draws."""
+    drawn: dict[str, Drawn] = {}
+    ancestors: list[str] = []
+    for line in (errors.__doc__ or "").splitlines():
+        row = _ROW.match(line)
+        if row is None:
+            continue
+        depth = len(row["branches"]) // 4  # each level indents by "│   " or "├── "
+        ancestors[depth:] = [row["name"]]
+        bases = (ancestors[depth - 1],) if depth else ()
+        bases += tuple(re.findall(r"also an? (\w+)", row["about"]))
+        drawn[row["name"]] = (bases, int(row["exit"]), int(row["status"]))
+    return drawn
+
+
+def test_the_drawn_error_tree_is_the_class_tree() -> None:
+    actual = {
+        name: (
+            tuple(base.__name__ for base in error.__bases__ if base is not Exception),
+            error.exit_code,
+            error.http_status,
+        )
+        for name, error in vars(errors).items()
+        if isinstance(error, type) and issubclass(error, errors.GpulayerError)
+    }
+    assert drawn_tree() == actual
+
+
+def test_the_statuses_scripts_and_http_clients_rely_on_stay() -> None:
+    # What scripts and HTTP clients rely on: moving an error to another group must not change it.
+    kept = {
+        errors.InvalidJobSpec: (2, 400),
+        errors.TokenError: (2, 400),
+        errors.TokenNotFound: (2, 404),
+        errors.SourceError: (1, 400),
+        errors.ArtifactTooLarge: (1, 413),
+        errors.JobNotFound: (1, 404),
+        errors.OutputNotProduced: (1, 409),
+        errors.WaitTimeout: (75, 503),
+        errors.UntrustedPayload: (1, 502),
+        errors.RedisUnavailable: (1, 503),
+    }
+    assert {error: (error.exit_code, error.http_status) for error in kept} == kept

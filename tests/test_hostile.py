@@ -25,6 +25,7 @@ from schemathesis.generation import GenerationMode
 
 from gpulayer import ArchiveError, Client, JobState
 from gpulayer.models import build_spec
+from gpulayer.service import Service
 from gpulayer.signing import ResultSigner, seal_archive
 from gpulayer.store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE
 from gpulayer.store.keys import Keys
@@ -419,7 +420,7 @@ def test_a_garbled_queue_or_worker_record_is_left_out_and_no_worker_exits(
     process = workers.start("w1", 1)
     assert client.submit(["true"]).wait(WAIT).state is JobState.SUCCEEDED
     assert [worker.name for worker in client.workers()] == ["w1"]
-    assert [queue.name for queue in client.queues()[0]] == ["gpulayer:default"]
+    assert [queue.name for queue in Service(client).queues()[0]] == ["gpulayer:default"]
     assert cli("workers").exit_code == 0
     assert process.poll() is None
 

@@ -13,6 +13,7 @@ import redis
 
 from gpulayer import Client, JobNotFound, JobState, OutputNotProduced, WaitTimeout
 from gpulayer.errors import InvalidJobSpec
+from gpulayer.service import Service
 from tests.conftest import WAIT, Workers, wait_for
 
 PY = sys.executable
@@ -259,7 +260,7 @@ def test_a_loop_of_waits_on_jobs_that_ended_meanwhile_reads_ahead_instead_of_onc
 ) -> None:
     jobs = [client.submit(["true"]) for _ in range(100)] + [client.submit(["sh", "-c", "exit 3"])]
     workers.start("w1", 2)
-    wait_for(lambda: sum(client.ended_counts().values()) == 101, what="all the jobs to end")
+    wait_for(lambda: sum(Service(client).ended_counts().values()) == 101, what="all the jobs to end")
     before = _xreads(raw_redis)
     records = [job.wait(WAIT) for job in jobs]
     assert [record.id for record in records] == [job.id for job in jobs]

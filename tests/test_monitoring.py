@@ -17,6 +17,7 @@ import pytest
 
 from gpulayer import Client, JobState
 from gpulayer.network import free_port
+from gpulayer.service import Service
 
 from .conftest import Workers, answers, wait_for
 
@@ -50,7 +51,7 @@ def test_every_dashboard_expression_answers_from_a_real_scrape(
 ) -> None:
     address, web = web_server
     workers.start("w1", 2, "--fake-gpus", FAKE_GPU)
-    token, _ = web.create_token("prometheus", "metrics")
+    token, _ = Service(web).create_token("prometheus", "metrics")
     config = (COMPOSE / "prometheus.yml").read_text().replace("server:8080", address)
     (tmp_path / "prometheus.yml").write_text(config.replace("scrape_interval: 10s", "scrape_interval: 1s"))
     (tmp_path / "gpulayer-token").write_text(token)

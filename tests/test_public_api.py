@@ -1,6 +1,10 @@
-"""What ``import gpulayer`` offers: a sorted ``__all__`` of names that exist, and one error base."""
+"""What ``import gpulayer`` offers: a sorted ``__all__`` of names that exist, one error base, and a
+``Client`` and ``Job`` whose methods are the ones docs/python.md documents."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import gpulayer
 
@@ -29,3 +33,23 @@ def test_every_error_in_the_errors_module_is_exported() -> None:
 
     defined = {name for name, value in vars(errors).items() if isinstance(value, type)}
     assert defined <= set(gpulayer.__all__)
+
+
+def documented_methods(heading: str) -> set[str]:
+    """The methods the table under ``heading`` in docs/python.md names: its rows ``| `name(...)` |``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "python.md").read_text()
+    section = text.split(f"\n## {heading}", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `(\w+)\(", section, re.MULTILINE))
+
+
+def public_methods(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_a_client_offers_exactly_the_methods_the_docs_list() -> None:
+    # What a server needs beyond these lives in gpulayer.service, not on the client.
+    assert public_methods(gpulayer.Client) == documented_methods("`Client(")
+
+
+def test_a_job_offers_exactly_the_methods_the_docs_list() -> None:
+    assert public_methods(gpulayer.Job) == documented_methods("`Job`")

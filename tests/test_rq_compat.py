@@ -29,6 +29,7 @@ from gpulayer import Client, JobState
 from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
 from gpulayer.network import free_port
+from gpulayer.service import Service
 from gpulayer.store.keys import Keys
 from gpulayer.store.rq_jobs import format_timestamp, parse_timestamp
 from gpulayer.store.scripts import prelude
@@ -148,7 +149,7 @@ def test_a_failed_gang_job_requeued_through_rq_runs_again_on_a_new_gang(
     job = client.submit(failed_once(tmp_path / "ran"), nodes=2, retries=0)
     assert job.wait(30).state is JobState.FAILED
     # No job but gang jobs ever used this queue: no worker serves it, so the reaper takes it up.
-    assert client.keys.queue_name() not in [queue.name for queue in client.queues()[0]]
+    assert client.keys.queue_name() not in [queue.name for queue in Service(client).queues()[0]]
 
     RQJob.fetch(job.id, connection=raw_redis).requeue()
     wait_for(lambda: job.status().state is JobState.SUCCEEDED, what="the requeued gang job to run again")

@@ -34,6 +34,7 @@ from gpulayer.installation import Installation
 from gpulayer.models import AccessRole
 from gpulayer.network import free_port
 from gpulayer.server import redis_version, start_redis, wait_ready
+from gpulayer.service import Service
 from gpulayer.store.artifacts import SOURCE_ARCHIVE, RedisArtifactStore
 from gpulayer.store.connection import connect
 from gpulayer.store.keys import Keys
@@ -653,7 +654,7 @@ def test_a_job_holding_everything_its_worker_holds_cannot_mint_an_api_token(
     said = " ".join(line.text for line in job.logs())
     assert record.state is JobState.FAILED
     assert "Redis refused the request: this user has no permissions to access one of the keys" in said
-    assert [token.name for token in web_client.tokens()] == []
+    assert [token.name for token in Service(web_client).tokens()] == []
 
 
 def test_a_batch_jobs_seal_passed_to_another_job_of_the_batch_is_refused(

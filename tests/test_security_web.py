@@ -37,6 +37,7 @@ from gpulayer import Client, tls
 from gpulayer import access as accesses
 from gpulayer.network import free_port
 from gpulayer.requirements import Requirements
+from gpulayer.service import Service
 from gpulayer.store.tokens import SESSION_LIFETIME, token_hash
 from gpulayer.web import create_app
 from gpulayer.web.api import SubmitRequest
@@ -129,7 +130,7 @@ def test_a_cookie_forged_from_everything_a_copy_of_redis_holds_does_not_log_in_w
 def test_the_session_cookie_is_httponly_strict_and_lasts_twelve_hours_at_most_never_past_its_token(
     http: FlaskClient, web_client: Client, raw_redis: redis.Redis
 ) -> None:
-    forever, _ = web_client.create_token("forever", "viewer")
+    forever, _ = Service(web_client).create_token("forever", "viewer")
     answer = http.post("/login", json={"token": forever})
     morsel = SimpleCookie(answer.headers["Set-Cookie"])[SESSION_COOKIE]
     assert (morsel["httponly"], morsel["samesite"], morsel["path"], morsel["secure"]) == (
@@ -143,7 +144,7 @@ def test_the_session_cookie_is_httponly_strict_and_lasts_twelve_hours_at_most_ne
     assert SESSION_LIFETIME * 1000 - 60_000 < raw_redis.pttl(key) <= SESSION_LIFETIME * 1000
     assert set(json.loads(cast(bytes, raw_redis.get(key)))) == {"token", "csrf_token"}
     # A token with a minute left makes a session of a minute at most.
-    brief, _ = web_client.create_token("brief", "viewer", expires_in=60)
+    brief, _ = Service(web_client).create_token("brief", "viewer", expires_in=60)
     short = SimpleCookie(http.post("/login", json={"token": brief}).headers["Set-Cookie"])[SESSION_COOKIE]
     assert int(short["max-age"]) <= 60
     [key] = session_keys(raw_redis, web_client)  # logging in again ended the browser's first session
@@ -178,7 +179,7 @@ def test_revoking_a_token_ends_every_session_opened_with_it(
         assert browser.post("/login", json={"token": tokens["viewer"]}).status_code == 200
         assert browser.get("/api/v1/session").status_code == 200
     assert len(session_keys(raw_redis, web_client)) == 2
-    web_client.revoke_token("t-viewer")
+    Service(web_client).revoke_token("t-viewer")
     for browser in (laptop, phone):
         answer = browser.get("/api/v1/session")
         assert (answer.status_code, answer.json) == (
@@ -204,7 +205,7 @@ def closed(ws: Any) -> ConnectionClosed:
 def test_a_websocket_opened_with_a_token_that_expires_is_closed_with_1008_once_it_has(
     served: str, web_client: Client
 ) -> None:
-    brief, info = web_client.create_token("brief", "viewer", expires_in=2)
+    brief, info = Service(web_client).create_token("brief", "viewer", expires_in=2)
     assert info.expires_at is not None
     ws = WebSocket.connect(f"ws://{served}/ws/events", headers=auth(brief))
     assert ws.receive(timeout=0.2) is None  # let in, and open
@@ -268,7 +269,7 @@ def test_failed_bearer_tokens_count_toward_the_login_limit_and_past_it_both_get_
     web_server: tuple[str, Client], raw_redis: redis.Redis
 ) -> None:
     address, web = web_server
-    viewer, _ = web.create_token("viewer", "viewer")
+    viewer, _ = Service(web).create_token("viewer", "viewer")
 
     def jobs(token: str) -> int:
         return status_of(urllib.request.Request(f"http://{address}/api/v1/jobs", headers=auth(token)))
@@ -346,7 +347,7 @@ def test_a_submit_naming_the_servers_own_files_is_refused_and_queues_nothing(
     (its own access, the home, /etc/shadow) among a job's requirements, and the server packed them
     into the job."""
     address, web = web_server
-    token, _ = web.create_token("attacker", "submitter")
+    token, _ = Service(web).create_token("attacker", "submitter")
     home = web.settings.home
     assert (home / "access" / "web.json").exists()
     before = (raw_redis.dbsize(), web.jobs())
@@ -437,7 +438,7 @@ def test_a_megabyte_upload_holding_a_gibibyte_long_name_is_refused_in_a_few_mega
     web_server: tuple[str, Client], raw_redis: redis.Redis
 ) -> None:
     address, web = web_server
-    token, _ = web.create_token("uploader", "submitter")
+    token, _ = Service(web).create_token("uploader", "submitter")
     bomb = long_name_bomb(1 << 30)
     assert len(bomb) < 1_200_000
     answers: list[httpx2.Response] = []
@@ -532,7 +533,7 @@ def test_with_a_certificate_the_server_answers_over_https_and_its_login_cookie_i
     tmp_path: Path,
 ) -> None:
     ca, cert, key = certificates
-    token, _ = web_client.create_token("over-tls", "viewer")
+    token, _ = Service(web_client).create_token("over-tls", "viewer")
     port, log = free_port(), tmp_path / "server.log"
     command = [sys.executable, "-m", "gpulayer", "server", "--port", str(port)]
     server = started([*command, "--tls-cert", str(cert), "--tls-key", str(key)], env, log)

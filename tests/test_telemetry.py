@@ -20,6 +20,7 @@ from simple_websocket import ConnectionClosed
 
 from gpulayer import Client, JobState
 from gpulayer.inventory import Telemetry
+from gpulayer.service import Service
 from gpulayer.store.keys import Keys
 from gpulayer.store.telemetry import TelemetryStore
 from tests.conftest import Workers, auth, wait_for
@@ -35,7 +36,7 @@ def fast(workers: Workers) -> Workers:
 
 
 def gpu_use(client: Client, worker: str) -> float | None:
-    samples = client.telemetry(60).get(worker, [])
+    samples = Service(client).telemetry(60).get(worker, [])
     return samples[-1].gpus[0].utilization if samples else None
 
 
@@ -47,7 +48,7 @@ def test_workers_sample_their_machine_and_gpus_and_viewers_read_an_hour_of_it(
     wait_for(lambda: gpu_use(client, "w1") == 100.0, what="a sample with the GPU busy")
     job.cancel()
     wait_for(lambda: gpu_use(client, "w1") == 0.0, what="a sample with the GPU free again")
-    latest = client.telemetry()["w1"][-1]
+    latest = Service(client).telemetry()["w1"][-1]
     assert latest.gpus[0].simulated
     assert latest.gpus[0].memory_total == 80 * 2**30
     assert 0 < latest.memory_used <= latest.memory_total
@@ -62,7 +63,7 @@ def test_workers_sample_their_machine_and_gpus_and_viewers_read_an_hour_of_it(
 
     # One worker samples the installation each interval: the cancelled job shows in the activity.
     wait_for(
-        lambda: any(s.jobs.get(JobState.CANCELLED) == 1 for s in client.activity()),
+        lambda: any(s.jobs.get(JobState.CANCELLED) == 1 for s in Service(client).activity()),
         what="an activity sample with the cancelled job",
     )
     answer = http.get("/api/v1/activity", headers=auth(tokens["viewer"]))
@@ -83,7 +84,7 @@ def test_telemetry_streams_are_capped_at_an_hour_and_expire_with_their_worker(
     assert 100 <= raw_redis.xlen(key) <= 200
     assert 3500 < raw_redis.ttl(key) <= 3600  # type: ignore[operator]
     # Only connected workers are read.
-    assert "gone" not in client.telemetry()
+    assert "gone" not in Service(client).telemetry()
 
 
 def receive(ws: Any, until: Any, timeout: float = 30) -> list[dict[str, Any]]:
@@ -117,7 +118,7 @@ def test_the_events_socket_sends_job_states_workers_and_telemetry_and_closes_whe
     w2.send_signal(signal.SIGTERM)
     receive(ws, lambda e: e == {"type": "worker", "name": "w2", "event": "left"})
 
-    web_client.revoke_token("t-viewer")
+    Service(web_client).revoke_token("t-viewer")
     with pytest.raises(ConnectionClosed):
         receive(ws, lambda e: False, timeout=10)
 
@@ -128,7 +129,7 @@ def test_metrics_add_start_latency_and_run_time_histograms_and_gpu_use(
     fast.start("w1", 2, "--fake-gpus", A100)
     for _ in range(3):
         assert client.submit(["sleep", "0.2"]).wait(30).state is JobState.SUCCEEDED
-    wait_for(lambda: client.telemetry(60).get("w1"), what="a telemetry sample")
+    wait_for(lambda: Service(client).telemetry(60).get("w1"), what="a telemetry sample")
 
     answer = http.get("/metrics", headers=auth(tokens["metrics"]))
     # One charset: Prometheus 3 refuses the header Flask would otherwise make.

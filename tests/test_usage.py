@@ -22,6 +22,7 @@ from flask.testing import FlaskClient
 import gpulayer as gl
 from gpulayer import Client, JobState
 from gpulayer.inventory import GPU
+from gpulayer.service import Service
 from gpulayer.worker.usage import GpuMemory
 
 from .conftest import Workers, auth, wait_for
@@ -142,7 +143,7 @@ def test_each_workers_telemetry_counts_the_processes_its_jobs_run(client: Client
     job = client.submit(["sh", "-c", "sleep 60 & sleep 60 & wait"])
 
     def counted() -> int | None:
-        samples = client.telemetry(60).get("w1", [])
+        samples = Service(client).telemetry(60).get("w1", [])
         return samples[-1].task_processes if samples else None
 
     wait_for(lambda: counted() == 3, what="a sample counting the shell and its two sleeps")

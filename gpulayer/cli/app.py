@@ -16,7 +16,7 @@ import redis.exceptions
 from .. import __version__
 from .. import access as accesses
 from ..client import Client
-from ..errors import GpulayerError
+from ..errors import GpulayerError, RedisUnavailable
 from ..models import AccessRole, JobRecord, JobState
 from ..network import redact
 from ..settings import Settings
@@ -61,9 +61,9 @@ class Group(click.Group):
             raise CommandError(str(exc), exc.exit_code) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             url = ctx.meta.get(URL_KEY, "the configured URL")
-            raise CommandError(f"cannot reach Redis at {url}: {exc}", 1) from None
+            raise CommandError(f"cannot reach Redis at {url}: {exc}", RedisUnavailable.exit_code) from None
         except redis.exceptions.RedisError as exc:
-            raise CommandError(f"Redis refused the request: {exc}", 1) from None
+            raise CommandError(f"Redis refused the request: {exc}", GpulayerError.exit_code) from None
 
 
 def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:

@@ -30,6 +30,7 @@ from ..server import (
     supports_tls,
     wait_ready,
 )
+from ..service import Service
 from ..settings import Settings
 from .app import duration, invoked_as, redis_url_option
 
@@ -364,10 +365,11 @@ def _port_free(port: int) -> bool:
 def _admin_token(installation: Installation) -> str | None:
     """A new admin token, the first time (none named admin works); None after."""
     client = Client(access=installation.access("admin"))
+    service = Service(client)
     try:
-        if any(token.name == ADMIN_TOKEN for token in client.tokens()):
+        if any(token.name == ADMIN_TOKEN for token in service.tokens()):
             return None
-        token, _ = client.create_token(ADMIN_TOKEN, "admin")
+        token, _ = service.create_token(ADMIN_TOKEN, "admin")
         return token
     finally:
         client.close()

@@ -15,6 +15,7 @@ import click
 from .. import access as accesses
 from .. import home as local
 from ..models import AccessRole, Role
+from ..service import Service
 from ..settings import Settings
 from .app import duration, open_client, redis_url_option
 
@@ -119,6 +120,11 @@ def dashboard(url: str | None, print_only: bool) -> None:
         click.echo("no web browser found here; open the address above in one", err=True)
 
 
+def _service(redis_url: str | None) -> Service:
+    """The token commands' way in: API tokens are the server's, not a :class:`Client`'s."""
+    return Service(open_client(redis_url, _TOKEN_ROLES))
+
+
 @click.group()
 def token() -> None:
     """API tokens for the HTTP API and the dashboard."""
@@ -136,7 +142,7 @@ def token() -> None:
 @redis_url_option
 def create(name: str, role: Role, expires: float | None, redis_url: str | None) -> None:
     """Make a token and print it: the only time it is shown (only its hash is kept)."""
-    secret, info = open_client(redis_url, _TOKEN_ROLES).create_token(name, role, expires)
+    secret, info = _service(redis_url).create_token(name, role, expires)
     until = f", until {info.expires_at.isoformat(timespec='seconds')}" if info.expires_at else ""
     click.echo(f"token {name!r} ({role}{until}):", err=True)
     click.echo(secret)
@@ -147,7 +153,7 @@ def create(name: str, role: Role, expires: float | None, redis_url: str | None) 
 @redis_url_option
 def list_tokens(as_json: bool, redis_url: str | None) -> None:
     """The tokens that still work: name, role, created, expires."""
-    found = open_client(redis_url, _TOKEN_ROLES).tokens()
+    found = _service(redis_url).tokens()
     if as_json:
         click.echo(json.dumps([info.model_dump(mode="json") for info in found], indent=2))
         return
@@ -162,5 +168,5 @@ def list_tokens(as_json: bool, redis_url: str | None) -> None:
 @redis_url_option
 def revoke(name: str, redis_url: str | None) -> None:
     """Stop a token at once."""
-    open_client(redis_url, _TOKEN_ROLES).revoke_token(name)
+    _service(redis_url).revoke_token(name)
     click.echo(f"token {name!r} revoked")

@@ -1,4 +1,5 @@
-"""The HTTP API (and, later, the dashboard): a Flask app over :class:`gpulayer.Client`."""
+"""The HTTP API and the dashboard: a Flask app over :class:`gpulayer.Client` and, for tokens, sessions
+and monitoring, :class:`gpulayer.service.Service`."""
 
 from .app import create_app
 

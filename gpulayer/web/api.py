@@ -12,13 +12,13 @@ from werkzeug.datastructures import FileStorage
 
 from ..archive import SPOOL_BYTES
 from ..client import Job
-from ..errors import ArchiveError, OutputNotProduced, TokenError, UntrustedPayload
+from ..errors import ArchiveError, JobNotFinished, OutputNotProduced, UntrustedPayload
 from ..models import JobState, Role, plain_name, validation_message
 from ..options import SubmitOptions
 from ..requirements import Requirements
 from ..units import parse_duration
 from ..unpacking import extract
-from .auth import client, requires
+from .auth import client, requires, service
 from .errors import ApiError
 
 api = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -201,7 +201,7 @@ def outputs(job_id: str) -> Response:
     worker that ran the job (else 502: the server hands on no archive a worker did not sign)."""
     record = client().get(job_id).status()
     if not record.state.is_terminal:
-        raise ApiError(409, f"job {job_id} is {record.state.value}; outputs are uploaded when it ends")
+        raise JobNotFinished(f"job {job_id} is {record.state.value}; outputs are uploaded when it ends")
     spooled = tempfile.SpooledTemporaryFile(SPOOL_BYTES)  # noqa: SIM115 - send_file closes it
     try:
         client().get(job_id).outputs_archive(spooled)
@@ -228,7 +228,7 @@ def telemetry() -> Response:
     """Each connected worker's samples (CPU, memory, each GPU) over the last ``minutes`` (at most 60),
     oldest first."""
     seconds = _int_arg("minutes", 60, 1, 60) * 60
-    samples = client().telemetry(seconds)
+    samples = service().telemetry(seconds)
     return jsonify(
         interval=client().settings.telemetry_interval,
         workers={name: [s.model_dump(mode="json") for s in found] for name, found in samples.items()},
@@ -242,7 +242,7 @@ def activity() -> Response:
     seconds = _int_arg("minutes", 60, 1, 60) * 60
     return jsonify(
         interval=client().settings.telemetry_interval,
-        samples=[sample.model_dump(mode="json") for sample in client().activity(seconds)],
+        samples=[sample.model_dump(mode="json") for sample in service().activity(seconds)],
     )
 
 
@@ -250,7 +250,7 @@ def activity() -> Response:
 @requires("viewer")
 def queues() -> Response:
     """Each queue with how many jobs wait in it, and how many gang jobs wait for workers."""
-    found, gangs = client().queues()
+    found, gangs = service().queues()
     return jsonify(queues=[queue.model_dump(mode="json") for queue in found], gangs_waiting=gangs)
 
 
@@ -258,7 +258,7 @@ def queues() -> Response:
 @requires("admin")
 def tokens() -> Response:
     """Every API token that still works (names, roles, times; never the tokens)."""
-    return jsonify(tokens=[token.model_dump(mode="json") for token in client().tokens()])
+    return jsonify(tokens=[token.model_dump(mode="json") for token in service().tokens()])
 
 
 @api.post("/tokens")
@@ -270,7 +270,7 @@ def create_token() -> tuple[Response, int]:
         seconds = parse_duration(body.expires) if isinstance(body.expires, str) else body.expires
     except ValueError as exc:
         raise ApiError(400, f"expires: {exc}") from None
-    token, info = client().create_token(body.name, body.role, seconds)
+    token, info = service().create_token(body.name, body.role, seconds)
     return jsonify(token=token, **info.model_dump(mode="json")), 201
 
 
@@ -278,8 +278,5 @@ def create_token() -> tuple[Response, int]:
 @requires("admin")
 def revoke_token(name: str) -> Response:
     """Revoke a token: it stops working at once."""
-    try:
-        client().revoke_token(name)
-    except TokenError as exc:  # the only way revoking fails: there is no such token
-        raise ApiError(404, str(exc)) from None
+    service().revoke_token(name)
     return jsonify(revoked=name, by=g.token.name)

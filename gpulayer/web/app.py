@@ -1,4 +1,5 @@
-"""The Flask app factory: ``create_app(client)`` serves the HTTP API over one :class:`Client`."""
+"""The Flask app factory: ``create_app(client)`` serves the HTTP API over one :class:`Client` (and the
+:class:`Service` over it)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from ..client import Client
+from ..service import Service
 from . import errors, sockets
 from .api import api
 from .dashboard import dashboard
@@ -29,8 +31,10 @@ def create_app(
     app = Flask("gpulayer.web", static_folder=None)  # the dashboard serves /static itself
     app.json.sort_keys = False  # type: ignore[attr-defined]  # fields in the models' order
     connected = client or Client()
+    service = Service(connected)
     app.extensions["gpulayer.client"] = connected
-    app.extensions["gpulayer.hub"] = Hub(connected)
+    app.extensions["gpulayer.service"] = service
+    app.extensions["gpulayer.hub"] = Hub(service)
     app.config.update(
         {SECURE_COOKIES: secure_cookies or behind_proxy},
         # Uploads (a job's source and inputs) past the job's own limit are refused before they are read.

@@ -15,6 +15,7 @@ from flask import current_app, g, request
 
 from ..client import Client
 from ..models import BrowserSession, Role, TokenInfo
+from ..service import Service
 from .errors import ApiError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,6 +37,11 @@ FAILURE_WINDOW = 300
 
 def client() -> Client:
     found: Client = current_app.extensions["gpulayer.client"]
+    return found
+
+
+def service() -> Service:
+    found: Service = current_app.extensions["gpulayer.service"]
     return found
 
 
@@ -77,7 +83,7 @@ def authenticate() -> TokenInfo:
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise ApiError(401, "send an API token: Authorization: Bearer TOKEN")
-    return guessed(client().check_token, token.strip())
+    return guessed(service().check_token, token.strip())
 
 
 def guessed(check: Callable[[str], T | None], token: str) -> T:
@@ -85,11 +91,11 @@ def guessed(check: Callable[[str], T | None], token: str) -> T:
     nothing, and the guess counts toward its address's limit; 429 while the address is over it, even
     for a right guess, so guessing on past the limit learns nothing."""
     address = request.remote_addr or "unknown"
-    if client().failed_logins(address) >= MAX_FAILURES:
+    if service().failed_logins(address) >= MAX_FAILURES:
         raise ApiError(429, f"too many failed logins from {address}; wait a few minutes")
     found = check(token) if token else None
     if found is None:
-        client().record_failed_login(address, FAILURE_WINDOW)
+        service().record_failed_login(address, FAILURE_WINDOW)
         raise ApiError(401, "the token is unknown, revoked or expired")
     return found
 
@@ -111,13 +117,13 @@ def _same_origin(origin: str, host: str) -> bool:
 
 def _from_session(cookie: str) -> TokenInfo:
     """The token behind a session, checked again now: a session lives no longer than its token."""
-    found = client().session(cookie)
+    found = service().session(cookie)
     if found is None:
         g.forget_session = True
         raise ApiError(401, "the session has ended (logged out or too old); log in again")
-    info = client().check_token_digest(found.token)
+    info = service().check_token_digest(found.token)
     if info is None:
-        client().close_session(cookie)
+        service().close_session(cookie)
         g.forget_session = True
         raise ApiError(401, "the session's token is revoked or expired; log in again")
     if request.method not in _SAFE_METHODS and not _csrf_ok(found):

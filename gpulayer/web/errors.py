@@ -1,4 +1,5 @@
-"""Errors as JSON, ``{"error": "one line"}`` with a fitting status, never a traceback."""
+"""Errors as JSON, ``{"error": "one line"}`` with a fitting status, never a traceback: each of our
+errors answers with its class's ``http_status`` (see :mod:`gpulayer.errors`)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,6 @@ from .. import errors
 from ..models import validation_message
 
 log = logging.getLogger("gpulayer.web")
-
-#: The status each of our errors answers with (400 unless listed).
-_STATUS: dict[type[errors.GpulayerError], int] = {
-    errors.JobNotFound: 404,
-    errors.WorkerNotFound: 404,
-    errors.JobNotFinished: 409,
-    errors.OutputNotProduced: 409,
-    errors.Unschedulable: 409,
-    errors.ArtifactTooLarge: 413,
-    # What a worker stored and did not sign (or another did): the server hands it on to nobody.
-    errors.UntrustedPayload: 502,
-    errors.RedisUnavailable: 503,
-}
 
 
 class ApiError(Exception):
@@ -45,8 +33,7 @@ def install(app: Flask) -> None:
 
     @app.errorhandler(errors.GpulayerError)
     def gpulayer_error(exc: errors.GpulayerError) -> tuple[Response, int]:
-        status = next((code for kind, code in _STATUS.items() if isinstance(exc, kind)), 400)
-        return _answer(status, str(exc))
+        return _answer(exc.http_status, str(exc))
 
     @app.errorhandler(ValidationError)
     def invalid(exc: ValidationError) -> tuple[Response, int]:
@@ -58,7 +45,7 @@ def install(app: Flask) -> None:
 
     @app.errorhandler(redis.exceptions.ConnectionError)
     def unreachable(exc: redis.exceptions.ConnectionError) -> tuple[Response, int]:
-        return _answer(503, f"cannot reach Redis: {exc}")
+        return _answer(errors.RedisUnavailable.http_status, f"cannot reach Redis: {exc}")
 
     @app.errorhandler(RecursionError)
     def too_deep(exc: RecursionError) -> tuple[Response, int]:

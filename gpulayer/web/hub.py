@@ -15,7 +15,7 @@ import queue
 import threading
 from typing import Any, cast
 
-from ..client import Client
+from ..service import Service
 
 log = logging.getLogger("gpulayer.web")
 #: How long one read blocks (ms): how soon a newly watched job is read from.
@@ -38,9 +38,9 @@ class Watcher:
 
 
 class LogHub(threading.Thread):
-    def __init__(self, client: Client) -> None:
+    def __init__(self, service: Service) -> None:
         super().__init__(name="gpulayer-log-hub", daemon=True)
-        self._client = client
+        self._service = service
         self._lock = threading.Lock()
         self._joining: list[tuple[Watcher, str]] = []
         self._leaving: list[Watcher] = []
@@ -95,7 +95,7 @@ class LogHub(threading.Thread):
             job = cast(str, watcher.job_id)
             if job in self._cursors:
                 # Late: it first gets what the hub already handed out after its own cursor.
-                for line in self._client.log_range(job, after, self._cursors[job]):
+                for line in self._service.log_range(job, after, self._cursors[job]):
                     watcher.inbox.put(("line", line))
             else:
                 self._cursors[job] = after
@@ -110,7 +110,7 @@ class LogHub(threading.Thread):
         if not self._cursors:
             self._stopping.wait(_BLOCK_MS / 1000)
             return
-        updates = self._client.read_logs(self._cursors, count=_COUNT, block_ms=_BLOCK_MS)
+        updates = self._service.read_logs(self._cursors, count=_COUNT, block_ms=_BLOCK_MS)
         for job, lines in updates.lines.items():
             for line in lines:
                 for watcher in self._watchers.get(job, []):
@@ -127,9 +127,9 @@ class Channels(threading.Thread):
     """The pub/sub side: events for ``/ws/events`` sockets (subscribed only while one is open, since
     every job's every state change crosses that channel) and revoked tokens for every socket."""
 
-    def __init__(self, client: Client, logs: LogHub) -> None:
+    def __init__(self, service: Service, logs: LogHub) -> None:
         super().__init__(name="gpulayer-channels", daemon=True)
-        self._client = client
+        self._service = service
         self._logs = logs
         self._lock = threading.Lock()
         self._listeners: list[Watcher] = []
@@ -153,7 +153,7 @@ class Channels(threading.Thread):
         subscription = None
         while not self._stopping.is_set():
             try:
-                subscription = subscription or self._client.subscribe()
+                subscription = subscription or self._service.subscribe()
                 with self._lock:
                     wanted = bool(self._listeners)
                 subscription.follow_events(wanted)
@@ -183,8 +183,8 @@ class Hub:
     """The app's two threads, started by the first socket that needs them: in the process that
     serves it, not in one that forks servers later (threads do not survive a fork)."""
 
-    def __init__(self, client: Client) -> None:
-        self._client = client
+    def __init__(self, service: Service) -> None:
+        self._service = service
         self._threads: tuple[LogHub, Channels] | None = None
         self._lock = threading.Lock()
 
@@ -201,8 +201,8 @@ class Hub:
             if self._threads is None or not all(thread.is_alive() for thread in self._threads):
                 for thread in self._threads or ():
                     thread.stop()
-                logs = LogHub(self._client)
-                self._threads = (logs, Channels(self._client, logs))
+                logs = LogHub(self._service)
+                self._threads = (logs, Channels(self._service, logs))
                 for thread in self._threads:
                     thread.start()
             return self._threads

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, g, jsonify, request
 
-from .auth import SESSION_COOKIE, client, guessed, refuse_other_sites, requires, session
+from .auth import SESSION_COOKIE, guessed, refuse_other_sites, requires, service, session
 
 login = Blueprint("login", __name__)
 #: The app's setting that makes the cookie Secure (served over TLS, or behind a proxy that is).
@@ -25,7 +25,7 @@ SECURE_COOKIES = "GPULAYER_SECURE_COOKIES"
 def log_in() -> Response:
     """``{"token": "..."}`` (JSON) or a ``token`` form field: a session for that token."""
     refuse_other_sites("logins")
-    opened = guessed(client().open_session, _sent_token())
+    opened = guessed(service().open_session, _sent_token())
     _close_sent_session()  # a browser holds one session: the one it had ends now, not in 12 h
     answer = jsonify(name=opened.token.name, role=opened.token.role, csrf_token=opened.record.csrf_token)
     answer.set_cookie(
@@ -70,7 +70,7 @@ def log_out() -> Response:
 def _close_sent_session() -> None:
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
-        client().close_session(cookie)
+        service().close_session(cookie)
 
 
 @login.after_app_request

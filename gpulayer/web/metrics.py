@@ -11,8 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..client import Client
-from .auth import client, requires
+from ..service import Service
+from .auth import requires, service
 
 metrics = Blueprint("metrics", __name__)
 
@@ -21,8 +21,9 @@ class InstallationCollector(Collector):
     """Jobs by state, queue depths, workers, each worker's CPU slots and GPUs in use and its latest
     telemetry, and the histograms of jobs' start latency and run time."""
 
-    def __init__(self, connected: Client) -> None:
-        self._client = connected
+    def __init__(self, served: Service) -> None:
+        self._service = served
+        self._client = served.client
 
     def collect(self) -> Iterator[Metric]:
         jobs = GaugeMetricFamily(
@@ -34,10 +35,10 @@ class InstallationCollector(Collector):
         ended = CounterMetricFamily(
             "gpulayer_jobs_ended", "Jobs that ended, by final state, ever", labels=["state"]
         )
-        for state, count in self._client.ended_counts().items():
+        for state, count in self._service.ended_counts().items():
             ended.add_metric([state.value], count)
         yield ended
-        queues, gangs = self._client.queues()
+        queues, gangs = self._service.queues()
         depth = GaugeMetricFamily("gpulayer_queue_depth", "Jobs waiting in each queue", labels=["queue"])
         for queue in queues:
             depth.add_metric([queue.name], queue.depth)
@@ -61,7 +62,7 @@ class InstallationCollector(Collector):
             "start_latency": "Time from queued to running (files fetched, process started)",
             "run_time": "Time jobs ran, from start to end",
         }
-        for name, histogram in self._client.histograms().items():
+        for name, histogram in self._service.histograms().items():
             yield HistogramMetricFamily(
                 f"gpulayer_job_{name}_seconds",
                 help_texts[name],
@@ -71,7 +72,7 @@ class InstallationCollector(Collector):
 
     def _telemetry(self, workers: list[str]) -> Iterator[GaugeMetricFamily]:
         """Each worker's latest sample, if it is recent (a few intervals old at most)."""
-        recent = self._client.telemetry(self._client.settings.telemetry_interval * 3, workers)
+        recent = self._service.telemetry(self._client.settings.telemetry_interval * 3, workers)
         cpu = GaugeMetricFamily("gpulayer_worker_cpu_percent", "CPU use per worker", labels=["worker"])
         memory = GaugeMetricFamily(
             "gpulayer_worker_memory_used_bytes", "Memory in use per worker's machine", labels=["worker"]
@@ -109,6 +110,6 @@ def _le(bound: float) -> str:
 @requires("metrics")
 def scrape() -> Response:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(InstallationCollector(client()))
+    registry.register(InstallationCollector(service()))
     # content_type, not mimetype: Flask would add a second charset, which Prometheus 3 refuses.
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

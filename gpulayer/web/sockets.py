@@ -18,7 +18,7 @@ from flask import Blueprint, Flask, current_app, g, request
 from flask_sock import Sock
 
 from ..models import TokenInfo
-from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client, refuse_other_sites
+from .auth import ROLE_ATTRIBUTE, allowed, authenticate, client, refuse_other_sites, service
 from .errors import ApiError
 from .hub import Hub, Watcher
 
@@ -111,7 +111,7 @@ def _still_let_in() -> Callable[[], str | None]:
     def ended() -> str | None:
         if token.expires_at is not None and token.expires_at <= datetime.now(timezone.utc):
             return "token expired"
-        if cookie is not None and client().session(cookie) is None:
+        if cookie is not None and service().session(cookie) is None:
             return "session ended"
         return None
 
