@@ -23,6 +23,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from gpulayer import Client, JobState
+from gpulayer.options import SubmitOptions
 from gpulayer.requirements import Requirements
 from gpulayer.service import Service
 
@@ -271,9 +272,10 @@ async def test_over_http_a_token_decides_the_tools_and_the_source_comes_as_an_ar
 async def test_over_http_submit_job_takes_no_keyword_of_client_submit_in_its_requirements(
     web_server: tuple[str, Client], raw_redis: redis.Redis
 ) -> None:
-    """The remote tool runs in the web server: a path among its requirements would be the server's
-    file (its own access here). Each keyword of Client.submit that is not a requirement is refused
-    there, as a tool error, and nothing is queued."""
+    """The remote tool runs in the web server: a path among its requirements or options would be the
+    server's file (its own access here). Each keyword of Client.submit that is not a requirement is
+    refused among the requirements, each that is not an option among the options, as a tool error,
+    and nothing is queued."""
     address, web = web_server
     submitter, _ = Service(web).create_token("agent", "submitter")
     own = str(web.settings.home / "access" / "web.json")
@@ -286,5 +288,10 @@ async def test_over_http_submit_job_takes_no_keyword_of_client_submit_in_its_req
             refused = await agent.call_tool("submit_job", arguments)
             assert refused.is_error, keyword
             assert f"requirements.{keyword}" in refused.content[0].text  # type: ignore[union-attr]
+        # Nor in its options: only SubmitOptions' fields pass there (a path as `source` would be read).
+        for keyword in sorted(submit_keywords() - set(SubmitOptions.model_fields)):
+            refused = await agent.call_tool("submit_job", {"command": ["true"], "options": {keyword: own}})
+            assert refused.is_error, keyword
+            assert f"{keyword}: Extra inputs are not permitted" in refused.content[0].text  # type: ignore[union-attr]
     assert raw_redis.dbsize() == before
     assert web.jobs() == []
