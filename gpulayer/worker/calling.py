@@ -13,7 +13,7 @@ from ..models import JobSpec, JobState
 from ..payloads import ERROR, RESULT
 from ..units import format_size
 from .endings import Ending
-from .executors import Executor, Key
+from .executor_pool import Executor, Key
 from .launches import Launch
 from .output import Tracked
 from .threads import VARIABLES
@@ -37,7 +37,7 @@ class CallLaunch(Launch):
         assert function is not None
         assert call is not None
         functions = job.context.functions
-        folder = job.persist(functions.bundles.folder, function.bundle)
+        folder = job.through_outage(functions.bundles.folder, function.bundle)
         key = executor_key(job.spec, job.base_env)
         # It starts as the call's (its HOME is the call's for its user site, which stays off), and
         # each call it serves sets its own.

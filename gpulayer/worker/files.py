@@ -23,7 +23,7 @@ def fetch_inputs(job: JobRunner) -> None:
     names = ([SOURCE_ARCHIVE] if job.spec.source else []) + ([INPUTS_ARCHIVE] if job.spec.inputs else [])
     for name in names:
         with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
-            check_file(job.digests, name, job.persist(_download, job, name, archive))
+            check_file(job.digests, name, job.through_outage(_download, job, name, archive))
             # Inputs after the source, never over it: an input may not replace a source file.
             extract(archive, job.workdir, max_bytes=job.context.settings.max_job_bytes)
 
@@ -50,7 +50,7 @@ def upload_outputs(job: JobRunner) -> tuple[OutputSummary | None, str | None]:
                 )
         except ArtifactTooLarge as exc:
             return None, str(exc)
-        job.persist(_upload, job, archive)
+        job.through_outage(_upload, job, archive)
     return summary, None
 
 

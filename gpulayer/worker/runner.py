@@ -41,12 +41,12 @@ from ..store.artifacts import ArtifactStore, CorruptArtifact, MissingArtifact, s
 from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from ..units import format_size
 from . import files
+from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .calling import executor_key
-from .cgroups import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .endings import Ending, StopReason
-from .executors import Executor
+from .executor_pool import Executor
 from .folders import Folders
 from .functions import FunctionRuntime
 from .launches import Launch
@@ -225,7 +225,7 @@ class JobRunner:
         status, replies = (
             ("ok", [self.claim.inputs])
             if self.claim.started
-            else self.persist(self.context.store.start, self.claim, read_call, announced)
+            else self.through_outage(self.context.store.start, self.claim, read_call, announced)
         )
         if status == "stale":
             log.warning(
@@ -285,7 +285,7 @@ class JobRunner:
                 reading=self.processes.reading,
             )
             if self.claim.attempt > 1:  # a first attempt has nothing kept: no round trip
-                self.persist(self._checkpoints.restore)
+                self.through_outage(self._checkpoints.restore)
         self.processes.hand_over(folder)
         return folder
 
@@ -468,7 +468,7 @@ class JobRunner:
 
     def _end(self, ending: Ending, seconds: float) -> None:
         state, reason = ending.state, ending.reason
-        finished, claimed = self.persist(
+        finished, claimed = self.through_outage(
             self.context.store.finish,
             self.claim,
             "unstarted" if ending.unstarted else state,
@@ -506,7 +506,7 @@ class JobRunner:
     def give_back(self) -> None:
         if self._stop == "requeue":
             message = f"worker {self.context.store.worker} stopped; the job goes back to its queue"
-            self.persist(self.context.store.requeue, "returned", message, [self.job_id])
+            self.through_outage(self.context.store.requeue, "returned", message, [self.job_id])
         else:
             log.warning(
                 "job %s: attempt %d lost the job; its processes were stopped", self.job_id, self.claim.attempt
@@ -514,15 +514,19 @@ class JobRunner:
 
     def system(self, line: str) -> None:
         """A line of the worker's own in the job's log (saying which node, for a gang job's part)."""
-        self.persist(self.context.store.append_logs, self.claim, [("system", self._launch.label(line), None)])
+        self.through_outage(
+            self.context.store.append_logs, self.claim, [("system", self._launch.label(line), None)]
+        )
 
-    def persist(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def through_outage(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A Redis call the job cannot do without, retried through a Redis outage for as long as the
         job's lease could still hold; past that, the job is presumed taken over and the error raised."""
-        return persist(call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs)
+        return through_outage(
+            call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs
+        )
 
 
-def persist(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **kwargs: Any) -> T:
+def through_outage(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **kwargs: Any) -> T:
     """``call`` retried while Redis cannot be reached, for at most ``lease_ttl`` seconds."""
     deadline = None
     while True:

@@ -16,12 +16,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .cgroups import Box, Containment
-from .executor import pack, unpack
+from .boxes import Box, Containment
+from .executor_process import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
 
 #: How an executor starts: a fresh interpreter that imports the executor's module and runs it.
-_MAIN = "import sys; from gpulayer.worker.executor import main; main(sys.argv)"
+_MAIN = "import sys; from gpulayer.worker.executor_process import main; main(sys.argv)"
 #: An idle executor is stopped after this long (s) without a job.
 IDLE_LIMIT = 600.0
 
