@@ -156,7 +156,8 @@ def _current_job(worker: BaseWorker) -> Job | None:
 def point_rq_at(names: RQNames) -> Callable[[], None]:
     """Make RQ's own classes and functions, in this process, read and write ``names``' keys instead of
     RQ's: what RQ's tools (``rq info``, rq-dashboard) and RQ's API need to see an installation, since
-    they build keys from RQ's classes and constants alone. Returns what undoes it. GPUlayer itself
+    they build keys from RQ's classes and constants alone; and read a worker's current job where
+    GPUlayer's scripts write it, under RQ 2 and RQ 3 alike. Returns what undoes it. GPUlayer itself
     never calls this: a process may serve several installations, or use RQ for something else."""
     key_of: Callable[[str], str] = names.results.format
     percent = {field: getattr(names, field).replace("{}", "%s") for field in ("workers_of", "pubsub")}

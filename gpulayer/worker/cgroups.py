@@ -8,7 +8,7 @@ no window in which a process runs outside, and no per-job ``mkdir``/``rmdir`` in
 which would cost the worker a sixth of its throughput. A slot runs one job at a time, so between two
 jobs its cgroups hold no process but the slot thread: the job's limits are written as it starts,
 its counters reset, and its processes killed as it ends. (The CPU quota's cgroup is the exception:
-see :class:`SlotBoxV1`.) A warm executor, which outlives the job that
+see :class:`.cgroup_v1.SlotBoxV1`.) A warm executor, which outlives the job that
 started it, gets cgroups of its own, which the starting thread steps into for the ``fork``.
 
 **cgroup v2** (one hierarchy, where the worker's cgroup is delegated to it): a cgroup per job, made

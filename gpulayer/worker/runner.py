@@ -173,7 +173,15 @@ class JobRunner:
             self.context.folders.make(self._home)
             self.processes.hand_over(self._home)
             if self.spec.function is None:
-                files.fetch_inputs(self)
+                files.fetch_inputs(
+                    self.context.artifacts,
+                    self.claim.target,
+                    self.spec,
+                    self.digests,
+                    self.workdir,
+                    max_bytes=self.context.settings.max_job_bytes,
+                    retry=self.through_outage,
+                )
             if folder:
                 # Unpacked while only the worker could write there; the job's user's from now on.
                 self.processes.hand_over(self.workdir)
@@ -329,8 +337,20 @@ class JobRunner:
         if self._stop in ("requeue", "stale"):
             self.give_back()
             return None
-        summary, too_large = files.upload_outputs(self) if outputs else (None, None)
+        summary, too_large = self._upload_outputs() if outputs else (None, None)
         return self.outcome(tracked[0].returncode or 0, summary, too_large)
+
+    def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
+        return files.upload_outputs(
+            self.context.artifacts,
+            self.claim,
+            self.spec.outputs,
+            self.workdir,
+            signer=self.context.signer,
+            max_bytes=self.context.settings.max_job_bytes,
+            reading=self.processes.reading,
+            retry=self.through_outage,
+        )
 
     def follow(self, tracked: list[Tracked], replies: Connection | None = None) -> Watch:
         """Hand the processes to the supervisor and see them through: their exits (each then has its

@@ -3,14 +3,15 @@ functions in warm executors), each with the GPUs, CPU slots and memory it asked 
 
 RQ's ``work()`` loop, signal handling and command channel are used as they are; its registration,
 suspension and maintenance as they are too, but on this installation's keys (RQ's own functions
-name RQ's global ones: see :mod:`gpulayer.store.rq_names`). What changes:
+name RQ's global ones: see :mod:`gpulayer.store.rq_names`); RQ's private members are reached in
+:mod:`.rq_shim` alone. What changes:
 
 * the queues: the worker serves exactly the queues whose requirements it could ever meet, and picks
   up a new requirement set as soon as its first job is submitted;
-* ``dequeue_job_and_maintain_ttl`` claims with one Lua script that reserves each job's GPUs and slots
-  as it pops it (atomic across queues; never more than fits), and sleeps until a submit or a freed
+* ``dequeue_job_and_maintain_ttl`` turns the claiming loop (:mod:`.claiming`): one Lua script
+  reserves each job's GPUs and slots as it pops it, and the loop sleeps until a submit or a freed
   slot wakes it, not on BLPOP;
-* ``execute_job`` hands the job to a slot thread and returns, so several jobs run at once;
+* ``execute_job`` hands the job to a slot (:mod:`.slots`) and returns, so several jobs run at once;
 * ``register_birth`` takes over a name whose previous process died, giving its jobs back at once;
 * a warm shutdown waits for running jobs; a cold one stops them and puts them back in their queues.
 """
@@ -48,7 +49,7 @@ from ..store.execution import Claim
 from ..store.stores import Stores
 from .boxes import Limits
 from .cgroups import contain
-from .claiming import ClaimLoop
+from .claiming import POLL_INTERVAL, ClaimLoop
 from .executor_pool import ExecutorPool
 from .folders import Folders, remove_folder
 from .functions import CodeBundles, FunctionRuntime
@@ -74,18 +75,8 @@ log = logging.getLogger("gpulayer.worker")
 WORKER_TTL = 60
 #: Seconds between runs of RQ's registry cleaning and our index pruning.
 MAINTENANCE_INTERVAL = 60
-#: Set to ``exit-after-claim`` (tests only), a worker dies right after claiming: the dequeue window.
-FAULT_VARIABLE = "GPULAYER_TEST_FAULT"
-#: Longest sleep (s) without looking at the queues, should a wake-up message be lost.
-POLL_INTERVAL = 1.0
 #: Seconds between full reads of the queue registry (new queues are also announced at once).
 REFRESH_INTERVAL = 5.0
-#: Woken by a submit while busy, a worker waits this long times how busy it is (0 to 1) before it
-#: claims, so a less busy worker that fits takes the job first (spread).
-SPREAD_DELAY = 0.05
-#: While gang jobs wait for workers, a worker tries to place them at most this often (s), besides
-#: when one is submitted and when one of its own jobs ends.
-PLACE_INTERVAL = 0.5
 
 
 class Worker(RQWorkerShim):
