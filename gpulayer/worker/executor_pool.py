@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from ..models import JobSpec
 from .boxes import Box, Containment
 from .executor_process import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
@@ -34,6 +35,13 @@ class Key:
     capability: str
     #: The CUDA devices it sees (``CUDA_VISIBLE_DEVICES``); empty for none.
     devices: str
+
+    @classmethod
+    def of(cls, spec: JobSpec, base_env: Mapping[str, str]) -> Key:
+        """What a warm executor must match to run this job's call."""
+        function = spec.function
+        devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
+        return cls(function.bundle if function else "", spec.requirements.capability, devices)
 
 
 class Executor:

@@ -42,11 +42,10 @@ from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from ..units import format_size
 from . import files
 from .boxes import NO_BOX, Box, Containment, Limits, Usage
-from .calling import executor_key
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .endings import Ending, StopReason
-from .executor_pool import Executor
+from .executor_pool import Executor, Key
 from .folders import Folders
 from .functions import FunctionRuntime
 from .launches import Launch
@@ -263,7 +262,7 @@ class JobRunner:
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
         devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
         if devices:
-            self.context.functions.executors.evict(devices, executor_key(self.spec, self.base_env))
+            self.context.functions.executors.evict(devices, Key.of(self.spec, self.base_env))
         call = None
         if self.spec.function is not None:
             call = small_files(replies[0], [CALL]).get(CALL)
