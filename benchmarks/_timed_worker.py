@@ -20,20 +20,20 @@ from collections.abc import Callable
 from typing import Any
 
 from gpulayer.cli import main
-from gpulayer.worker import folders, process, runner, supervisor, worker
+from gpulayer.worker import folders, intake, process, runner, slots, supervisor
 
 #: Each part, as the functions (object, name) that make it up. Most run inside another part's (all in
 #: the slot's): a caller's time is counted without its timed callees'.
 PARTS: dict[str, list[tuple[Any, str]]] = {
-    "seal check": [(worker, "check_job")],
+    "seal check": [(intake, "check_job")],
     "spawn": [(process.JobProcesses, "spawn")],
     "folders": [(folders.Folders, "make"), (folders.Folders, "remove")],
     "following its processes": [(supervisor.Supervisor, "follow"), (runner.JobRunner, "follow")],
     "reap and strays": [(process.JobProcesses, "reap"), (process.JobProcesses, "kill_strays")],
     "checkpoint folder": [(runner.JobRunner, "_checkpoint_folder"), (runner.JobRunner, "clean_up")],
     "end and next claim": [(runner.JobRunner, "_end")],
-    "job record and runner": [(worker.Worker, "_runner")],
-    "the rest of the slot": [(worker.Worker, "_run_in_slot")],
+    "job record and runner": [(intake.JobIntake, "runner")],
+    "the rest of the slot": [(slots.Slots, "_run_in_slot")],
 }
 
 _totals: dict[str, list[float]] = {part: [0.0, 0] for part in PARTS}

@@ -27,7 +27,9 @@ import pytest
 
 import gpulayer as gl
 from gpulayer import Client, JobState
-from gpulayer.worker.cgroups import NVIDIA_MAJOR, Limits, open_containment
+from gpulayer.worker.boxes import Limits
+from gpulayer.worker.cgroup_v1 import NVIDIA_MAJOR
+from gpulayer.worker.cgroups import open_containment
 from tests.conftest import WAIT, Workers, wait_for
 
 

@@ -21,7 +21,7 @@ from gpulayer.store.artifacts import INPUTS_ARCHIVE
 from gpulayer.store.execution import ClaimRequest, ExecutionStore, QueueOffer
 from gpulayer.store.keys import Keys
 from gpulayer.store.scripts import Scripts, library, load_library
-from gpulayer.worker.worker import POLL_INTERVAL
+from gpulayer.worker.claiming import POLL_INTERVAL
 from tests.conftest import Workers, kill_machine, wait_for
 
 #: Short leases, so a lost worker shows within seconds.

@@ -17,7 +17,7 @@ from rq.job import Job as RQJob
 from gpulayer import Client, JobState
 from gpulayer.installation import Installation
 from gpulayer.store.scripts import library
-from gpulayer.worker.worker import POLL_INTERVAL
+from gpulayer.worker.claiming import POLL_INTERVAL
 from tests.conftest import Workers, wait_for
 
 

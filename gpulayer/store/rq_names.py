@@ -14,36 +14,38 @@ alone, are pointed at an installation for their process by :func:`point_rq_at`.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
-from rq import command, results, scheduler, suspension, worker_registration
+from rq import command, executions, results, scheduler, suspension, worker_registration
 from rq.group import Group
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import (
     BaseRegistry,
     CanceledJobRegistry,
-    DeferredJobRegistry,
     FailedJobRegistry,
     FinishedJobRegistry,
-    ScheduledJobRegistry,
     StartedJobRegistry,
 )
 from rq.worker import BaseWorker, base
 
 #: Where RQ puts every key of its own.
 RQ_NAMESPACE = "rq:"
-_REGISTRIES: tuple[type[BaseRegistry], ...] = (
-    BaseRegistry,
-    StartedJobRegistry,
-    FinishedJobRegistry,
-    FailedJobRegistry,
-    DeferredJobRegistry,
-    ScheduledJobRegistry,
-    CanceledJobRegistry,
-)
+
+
+def _registries() -> list[type[BaseRegistry]]:
+    """Every registry class RQ defines with a key of its own: RQ 3 added some (ready jobs,
+    executions), and RQ's maintenance cleans each, so each must be on the installation's keys."""
+    found, todo = [], [BaseRegistry]
+    while todo:
+        registry = todo.pop()
+        todo.extend(registry.__subclasses__())
+        if registry.__module__.startswith("rq.") and "key_template" in vars(registry):
+            found.append(registry)
+    return found
 
 
 def _cleaning_key(name: str) -> str:
@@ -76,7 +78,18 @@ _OTHERS: list[tuple[Any, str, str]] = [
     (Group, "REDIS_GROUP_KEY", Group.REDIS_GROUP_KEY),
     (scheduler, "SCHEDULER_KEY_TEMPLATE", scheduler.SCHEDULER_KEY_TEMPLATE),
     (scheduler, "SCHEDULER_LOCKING_KEY_TEMPLATE", scheduler.SCHEDULER_LOCKING_KEY_TEMPLATE),
-    *((registry, "key_template", registry.key_template) for registry in _REGISTRIES),
+    *((registry, "key_template", registry.key_template) for registry in _registries()),
+    # RQ 3's alone: the maintenance lock of groups, rate limits' index, a worker's executions.
+    *(
+        (owner, attribute, getattr(owner, attribute))
+        for owner, attribute in (
+            (Group, "REDIS_GROUP_CLEANING_KEY"),
+            (base, "WORKER_EXECUTIONS_KEY_TEMPLATE"),
+            (executions, "WORKER_EXECUTIONS_KEY_TEMPLATE"),
+            (getattr(sys.modules.get("rq.rate_limit"), "RateLimitRegistry", None), "rl_keys_key"),
+        )
+        if attribute in vars(owner or object)
+    ),
 ]
 
 
@@ -128,10 +141,23 @@ def _moved(namespace: str, name: str) -> str:
     return namespace + name.removeprefix(RQ_NAMESPACE)
 
 
+def _current_job_id(worker: BaseWorker) -> str | None:
+    """The job RQ's view of a worker names: its hash's ``current_job``, which RQ 2 reads and
+    GPUlayer's scripts write. (RQ 3 reads an index of executions that only its own worker keeps.)"""
+    found = worker.connection.hget(worker.key, "current_job")
+    return found.decode() if isinstance(found, bytes) else found
+
+
+def _current_job(worker: BaseWorker) -> Job | None:
+    job_id = _current_job_id(worker)
+    return None if job_id is None else worker.job_class.fetch(job_id, worker.connection, worker.serializer)
+
+
 def point_rq_at(names: RQNames) -> Callable[[], None]:
     """Make RQ's own classes and functions, in this process, read and write ``names``' keys instead of
     RQ's: what RQ's tools (``rq info``, rq-dashboard) and RQ's API need to see an installation, since
-    they build keys from RQ's classes and constants alone. Returns what undoes it. GPUlayer itself
+    they build keys from RQ's classes and constants alone; and read a worker's current job where
+    GPUlayer's scripts write it, under RQ 2 and RQ 3 alike. Returns what undoes it. GPUlayer itself
     never calls this: a process may serve several installations, or use RQ for something else."""
     key_of: Callable[[str], str] = names.results.format
     percent = {field: getattr(names, field).replace("{}", "%s") for field in ("workers_of", "pubsub")}
@@ -147,9 +173,18 @@ def point_rq_at(names: RQNames) -> Callable[[], None]:
         (suspension, "WORKERS_SUSPENDED", names.suspended),
         (command, "PUBSUB_CHANNEL_TEMPLATE", percent["pubsub"]),
         (base, "PUBSUB_CHANNEL_TEMPLATE", percent["pubsub"]),  # imported by name there
-        (results, "get_key", key_of),
+        (BaseWorker, "get_current_job_id", _current_job_id),
+        (BaseWorker, "get_current_job", _current_job),
         (results.Result, "get_key", classmethod(lambda _cls, job_id: key_of(job_id))),
+        # RQ 2 also reads it through a function of the module; RQ 3 has none.
+        *([(results, "get_key", key_of)] if "get_key" in vars(results) else []),
         *((owner, attribute, names.moved(name)) for owner, attribute, name in _OTHERS),
+        # RQ 3 builds some names as it needs them, from its modules' RQ_KEY_PREFIX.
+        *(
+            (module, "RQ_KEY_PREFIX", names.namespace.removesuffix(":"))
+            for name, module in list(sys.modules.items())
+            if name.startswith("rq.") and "RQ_KEY_PREFIX" in vars(module)
+        ),
     ]
     saved = [(owner, attribute, vars(owner)[attribute]) for owner, attribute, _ in changes]
     for owner, attribute, value in changes:

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..models import JobSpec, JobState
+from ..models import JobState
 from ..payloads import ERROR, RESULT
 from ..units import format_size
 from .endings import Ending
-from .executors import Executor, Key
+from .executor_pool import Executor, Key
 from .launches import Launch
 from .output import Tracked
 from .threads import VARIABLES
@@ -37,8 +37,8 @@ class CallLaunch(Launch):
         assert function is not None
         assert call is not None
         functions = job.context.functions
-        folder = job.persist(functions.bundles.folder, function.bundle)
-        key = executor_key(job.spec, job.base_env)
+        folder = job.through_outage(functions.bundles.folder, function.bundle)
+        key = Key.of(job.spec, job.base_env)
         # It starts as the call's (its HOME is the call's for its user site, which stays off), and
         # each call it serves sets its own.
         start_env = {**job.base_env, **{name: env[name] for name in _STARTS_WITH if name in env}}
@@ -93,13 +93,6 @@ def _executor(job: JobRunner, key: Key, folder: Path, env: Mapping[str, str]) ->
         executors.release(executor, keep=False)
         raise
     return executor
-
-
-def executor_key(spec: JobSpec, base_env: Mapping[str, str]) -> Key:
-    """What a warm executor must match to run this job's call."""
-    function = spec.function
-    devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
-    return Key(function.bundle if function else "", spec.requirements.capability, devices)
 
 
 def reply_ending(job: JobRunner, header: dict[str, Any], payload: bytes) -> Ending:

@@ -17,7 +17,7 @@ from ..bundles import archive_digest
 from ..errors import UntrustedPayload
 from ..store.artifacts import BUNDLE_TTL, ArtifactStore
 from ..unpacking import extract
-from .executors import ExecutorPool
+from .executor_pool import ExecutorPool
 
 #: A file in every unpacked bundle folder, holding its digest.
 BUNDLE_MARKER = ".gpulayer-bundle"

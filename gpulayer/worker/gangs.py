@@ -12,10 +12,14 @@ from datetime import datetime, timezone
 
 from ..inventory import SILENT_BEATS, WorkerInfo
 from ..placement import candidates
+from ..settings import Settings
 from ..store.gangs import Candidate, GangStore, Hold, Waiting
 from ..store.workers import WorkerStore
 
 log = logging.getLogger("gpulayer.worker")
+
+#: A worker held for a gang job stays held this long (ms) unless the hold is renewed.
+HOLD_TTL_MS = 10_000
 #: After one worker tried to place gang jobs, others wait this long (ms) before they try.
 TURN_MS = 100
 
@@ -85,3 +89,8 @@ class GangPlacer:
                 )
             )
         return offered
+
+
+def gang_hold(settings: Settings) -> Hold:
+    """How long a worker held for a gang job waits for the rest before it is let go (ms)."""
+    return Hold(int(settings.gang_hold_after * 1000), HOLD_TTL_MS)

@@ -10,13 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
+from datetime import datetime, timezone
 
+import psutil
 import redis.exceptions
 
+from ..errors import ConfigError
+from ..inventory import SILENT_BEATS
 from ..store.execution import ExecutionStore
+from ..store.workers import Holder
 from .endings import StopReason
 
 log = logging.getLogger("gpulayer.worker")
@@ -111,3 +117,28 @@ class LeaseKeeper(threading.Thread):
             self._reachable = False
             silent = time.monotonic() - self._renewed
             log.error("worker %s: cannot renew leases (%s) for %.1f s", self._store.worker, exc, silent)
+
+
+def holder_alive(holder: Holder, host: str) -> bool:
+    """Whether the process registered under a name still runs: by its pid on this machine (a
+    process started after the registration is another one), else by its heartbeats."""
+    if holder.host == host:
+        try:
+            process = psutil.Process(holder.pid)
+            started = process.create_time()
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return False  # it ended; its parent (init, for a worker `up` started) has not reaped it yet
+        except (psutil.Error, ValueError):
+            return False
+        return holder.pid != os.getpid() and (holder.birth is None or started <= holder.birth.timestamp() + 1)
+    if holder.last_heartbeat is None:
+        return False
+    silent = (datetime.now(timezone.utc) - holder.last_heartbeat).total_seconds()
+    return silent <= holder.heartbeat * SILENT_BEATS
+
+
+def lease_timing(lease_ttl: float, heartbeat: float) -> tuple[float, float]:
+    """The lease and the heartbeat that renews it, checked."""
+    if not 0 < heartbeat < lease_ttl:
+        raise ConfigError(f"the heartbeat ({heartbeat:g} s) must be shorter than the lease ({lease_ttl:g} s)")
+    return lease_ttl, heartbeat

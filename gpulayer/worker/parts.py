@@ -10,11 +10,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from redis import Redis
+from redis.sentinel import SentinelConnectionPool
+
 from ..models import Distributed, JobState
-from ..network import free_port
+from ..network import address_towards, free_port
 from ..payloads import CALL
 from ..store.execution import Part
-from . import ranks
+from . import node_ranks
 from .calling import reply_ending
 from .endings import Ending
 from .launches import Launch, spawn_failure
@@ -53,14 +56,14 @@ class PartLaunch(Launch):
         if not master:
             if job.stopped is not None:
                 return job.outcome(0, None, None)
-            reason = f"rank 0 did not start within {ranks.GANG_START_TIMEOUT:g} s"
+            reason = f"rank 0 did not start within {node_ranks.GANG_START_TIMEOUT:g} s"
             job.system(reason)
             return Ending(JobState.FAILED, reason=reason, unstarted=True)
         env = {**job.base_env, "PYTHONUNBUFFERED": "1", **env}
         cwd, command = job.workdir, job.spec.command
         if call is not None:
             cwd = self._prepare_call(job, call)
-            command = ranks.call_command(job.workdir)
+            command = node_ranks.call_command(job.workdir)
         tracked = self._spawn(job, self._plan(job, env, master, command), cwd)
         if isinstance(tracked, Ending):
             return tracked
@@ -73,11 +76,11 @@ class PartLaunch(Launch):
         """Each process to start on this node: its rank (None for torchrun), command and environment."""
         gang, node = self._gang, self._part.node
         if gang.launcher == "torchrun":
-            return [(None, ranks.torchrun(gang, node, master, command, job.workdir / ".torchrun"), env)]
+            return [(None, node_ranks.torchrun(gang, node, master, command, job.workdir / ".torchrun"), env)]
         devices = [device for device in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if device]
         return [
             (rank, command, {**env, **rank_env})
-            for rank, rank_env in ranks.direct(gang, node, master, devices, env)
+            for rank, rank_env in node_ranks.direct(gang, node, master, devices, env)
         ]
 
     def _spawn(
@@ -124,11 +127,11 @@ class PartLaunch(Launch):
 
     def _wait_for_master(self, job: JobRunner) -> str:
         """Where rank 0 listens, once node 0 has said it (polled: it is a matter of milliseconds when
-        all goes well); '' if it does not within :data:`ranks.GANG_START_TIMEOUT` or the job stops."""
-        deadline = time.monotonic() + ranks.GANG_START_TIMEOUT
+        all goes well); '' if it does not within :data:`node_ranks.GANG_START_TIMEOUT` or the job stops."""
+        deadline = time.monotonic() + node_ranks.GANG_START_TIMEOUT
         pause = 0.002
         while job.stopped is None and time.monotonic() < deadline:
-            master = job.persist(job.context.store.master, job.claim)
+            master = job.through_outage(job.context.store.master, job.claim)
             if master:
                 return master
             time.sleep(pause)
@@ -142,7 +145,7 @@ class PartLaunch(Launch):
         assert function is not None
         with job.processes.reading():  # into the job's folder, which its user could fill with links
             (job.workdir / CALL).write_bytes(call)
-        return job.persist(job.context.functions.bundles.folder, function.bundle)
+        return job.through_outage(job.context.functions.bundles.folder, function.bundle)
 
     def _call_result(self, job: JobRunner, ending: Ending) -> Ending:
         """A function's gang job ends with rank 0's value (stored by node 0), or with the exception
@@ -150,9 +153,9 @@ class PartLaunch(Launch):
         found = None
         with job.processes.reading():  # the ranks wrote them, as the job's user
             if ending.state is JobState.SUCCEEDED and self._part.node == 0:
-                found = ranks.call_result(job.workdir, 0)
+                found = node_ranks.call_result(job.workdir, 0)
             elif ending.state is JobState.FAILED:
-                found = ranks.call_result(job.workdir, job.failed[0] if job.failed else None)
+                found = node_ranks.call_result(job.workdir, job.failed[0] if job.failed else None)
         if found is None:
             return ending
         reply = reply_ending(job, *found)
@@ -160,3 +163,17 @@ class PartLaunch(Launch):
             reason = f"{self._failing(job)}: {reply.reason}"
             return dataclasses.replace(reply, exit_code=ending.exit_code, reason=reason)
         return reply
+
+
+def redis_route_address(connection: Redis) -> str:
+    """This machine's address on the route to Redis: what other workers, which reach the same Redis,
+    most likely reach it at."""
+    pool = connection.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        host, port = pool.get_master_address()  # type: ignore[no-untyped-call]
+        return address_towards(host, int(port))
+    kwargs = pool.connection_kwargs
+    host = kwargs.get("host")
+    if not host:  # a Unix socket: Redis, and so every worker, is on this machine
+        return "127.0.0.1"
+    return address_towards(host, int(kwargs.get("port", 6379)))

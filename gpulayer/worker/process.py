@@ -19,7 +19,7 @@ import psutil
 
 from ..models import JOB_ID_VARIABLE
 from . import spawning, usage
-from .cgroups import NO_BOX, Box
+from .boxes import NO_BOX, Box
 from .identity import RunAs
 from .spawning import Started
 from .usage import Meter

@@ -41,12 +41,11 @@ from ..store.artifacts import ArtifactStore, CorruptArtifact, MissingArtifact, s
 from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from ..units import format_size
 from . import files
-from .calling import executor_key
-from .cgroups import NO_BOX, Box, Containment, Limits, Usage
+from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .endings import Ending, StopReason
-from .executors import Executor
+from .executor_pool import Executor, Key
 from .folders import Folders
 from .functions import FunctionRuntime
 from .launches import Launch
@@ -173,7 +172,15 @@ class JobRunner:
             self.context.folders.make(self._home)
             self.processes.hand_over(self._home)
             if self.spec.function is None:
-                files.fetch_inputs(self)
+                files.fetch_inputs(
+                    self.context.artifacts,
+                    self.claim.target,
+                    self.spec,
+                    self.digests,
+                    self.workdir,
+                    max_bytes=self.context.settings.max_job_bytes,
+                    retry=self.through_outage,
+                )
             if folder:
                 # Unpacked while only the worker could write there; the job's user's from now on.
                 self.processes.hand_over(self.workdir)
@@ -225,7 +232,7 @@ class JobRunner:
         status, replies = (
             ("ok", [self.claim.inputs])
             if self.claim.started
-            else self.persist(self.context.store.start, self.claim, read_call, announced)
+            else self.through_outage(self.context.store.start, self.claim, read_call, announced)
         )
         if status == "stale":
             log.warning(
@@ -255,7 +262,7 @@ class JobRunner:
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
         devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
         if devices:
-            self.context.functions.executors.evict(devices, executor_key(self.spec, self.base_env))
+            self.context.functions.executors.evict(devices, Key.of(self.spec, self.base_env))
         call = None
         if self.spec.function is not None:
             call = small_files(replies[0], [CALL]).get(CALL)
@@ -285,7 +292,7 @@ class JobRunner:
                 reading=self.processes.reading,
             )
             if self.claim.attempt > 1:  # a first attempt has nothing kept: no round trip
-                self.persist(self._checkpoints.restore)
+                self.through_outage(self._checkpoints.restore)
         self.processes.hand_over(folder)
         return folder
 
@@ -329,8 +336,20 @@ class JobRunner:
         if self._stop in ("requeue", "stale"):
             self.give_back()
             return None
-        summary, too_large = files.upload_outputs(self) if outputs else (None, None)
+        summary, too_large = self._upload_outputs() if outputs else (None, None)
         return self.outcome(tracked[0].returncode or 0, summary, too_large)
+
+    def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
+        return files.upload_outputs(
+            self.context.artifacts,
+            self.claim,
+            self.spec.outputs,
+            self.workdir,
+            signer=self.context.signer,
+            max_bytes=self.context.settings.max_job_bytes,
+            reading=self.processes.reading,
+            retry=self.through_outage,
+        )
 
     def follow(self, tracked: list[Tracked], replies: Connection | None = None) -> Watch:
         """Hand the processes to the supervisor and see them through: their exits (each then has its
@@ -468,7 +487,7 @@ class JobRunner:
 
     def _end(self, ending: Ending, seconds: float) -> None:
         state, reason = ending.state, ending.reason
-        finished, claimed = self.persist(
+        finished, claimed = self.through_outage(
             self.context.store.finish,
             self.claim,
             "unstarted" if ending.unstarted else state,
@@ -506,7 +525,7 @@ class JobRunner:
     def give_back(self) -> None:
         if self._stop == "requeue":
             message = f"worker {self.context.store.worker} stopped; the job goes back to its queue"
-            self.persist(self.context.store.requeue, "returned", message, [self.job_id])
+            self.through_outage(self.context.store.requeue, "returned", message, [self.job_id])
         else:
             log.warning(
                 "job %s: attempt %d lost the job; its processes were stopped", self.job_id, self.claim.attempt
@@ -514,15 +533,19 @@ class JobRunner:
 
     def system(self, line: str) -> None:
         """A line of the worker's own in the job's log (saying which node, for a gang job's part)."""
-        self.persist(self.context.store.append_logs, self.claim, [("system", self._launch.label(line), None)])
+        self.through_outage(
+            self.context.store.append_logs, self.claim, [("system", self._launch.label(line), None)]
+        )
 
-    def persist(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def through_outage(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A Redis call the job cannot do without, retried through a Redis outage for as long as the
         job's lease could still hold; past that, the job is presumed taken over and the error raised."""
-        return persist(call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs)
+        return through_outage(
+            call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs
+        )
 
 
-def persist(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **kwargs: Any) -> T:
+def through_outage(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **kwargs: Any) -> T:
     """``call`` retried while Redis cannot be reached, for at most ``lease_ttl`` seconds."""
     deadline = None
     while True:

@@ -1,7 +1,8 @@
-"""One rank of a gang job that calls a remote function: ``python -m gpulayer.worker.rank CALL FOLDER``.
+"""One rank of a gang job that calls a remote function:
+``python -m gpulayer.worker.rank_process CALL FOLDER``.
 
 The worker starts it as it starts any rank (with torchrun's environment, or through torchrun), in
-the code bundle's folder. It runs the call as an executor does (:func:`executor.run`); rank 0
+the code bundle's folder. It runs the call as an executor does (:func:`executor_process.run`); rank 0
 writes what it returned, and a rank whose call raised writes its exception, to
 ``FOLDER/<rank>.result`` (a JSON header line, then the pickle), for the worker to sign and store as
 the job's result. It exits 1 if the call raised, and without the interpreter's teardown.
@@ -14,8 +15,8 @@ import os
 import sys
 from pathlib import Path
 
-from .executor import run
-from .ranks import RESULT_SUFFIX
+from .executor_process import run
+from .node_ranks import RESULT_SUFFIX
 
 
 def main(argv: list[str]) -> None:

@@ -16,12 +16,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .cgroups import Box, Containment
-from .executor import pack, unpack
+from ..models import JobSpec
+from .boxes import Box, Containment
+from .executor_process import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
 
 #: How an executor starts: a fresh interpreter that imports the executor's module and runs it.
-_MAIN = "import sys; from gpulayer.worker.executor import main; main(sys.argv)"
+_MAIN = "import sys; from gpulayer.worker.executor_process import main; main(sys.argv)"
 #: An idle executor is stopped after this long (s) without a job.
 IDLE_LIMIT = 600.0
 
@@ -34,6 +35,13 @@ class Key:
     capability: str
     #: The CUDA devices it sees (``CUDA_VISIBLE_DEVICES``); empty for none.
     devices: str
+
+    @classmethod
+    def of(cls, spec: JobSpec, base_env: Mapping[str, str]) -> Key:
+        """What a warm executor must match to run this job's call."""
+        function = spec.function
+        devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
+        return cls(function.bundle if function else "", spec.requirements.capability, devices)
 
 
 class Executor:

@@ -79,7 +79,7 @@ def torchrun(gang: Distributed, node: int, master: str, command: Sequence[str], 
 
 def call_command(folder: Path) -> list[str]:
     """The command each rank of a function's gang job runs: the call, written to ``folder`` first."""
-    return [sys.executable, "-m", "gpulayer.worker.rank", str(folder / CALL), str(folder)]
+    return [sys.executable, "-m", "gpulayer.worker.rank_process", str(folder / CALL), str(folder)]
 
 
 def call_result(folder: Path, rank: int | None) -> tuple[dict[str, Any], bytes] | None:
