@@ -9,11 +9,10 @@ import itertools
 import json
 import os
 import secrets
-import shlex
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,7 +20,7 @@ from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
 from . import access as accesses
-from . import archive, placement
+from . import archive, placement, submits
 from .access import Access
 from .calls import Call, Calls
 from .errors import (
@@ -37,12 +36,10 @@ from .errors import (
 )
 from .inventory import WorkerInfo
 from .models import (
-    Distributed,
     JobRecord,
     JobSpec,
     JobState,
     LogLine,
-    build_spec,
     validated,
 )
 from .network import redact
@@ -162,8 +159,8 @@ class Client:
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
-        options, needs = _submit_options(options, requirements, keywords)
-        argv = _argv(command)
+        options, needs = submits.options_and_needs(options, requirements, keywords)
+        argv = submits.argv(command)
         source_files = (
             archive.source_manifest(Path(source), self.settings.max_source_bytes, self.settings.home)
             if source
@@ -171,8 +168,8 @@ class Client:
         )
         input_files = archive.inputs_manifest(Path(path) for path in inputs)
         if source_files is not None:
-            _no_input_over_the_source(source_files, input_files)
-        spec = _spec(
+            submits.no_input_over_the_source(source_files, input_files)
+        spec = submits.command_spec(
             argv,
             options,
             needs,
@@ -246,13 +243,13 @@ class Client:
         files or an idempotency key), :data:`SUBMIT_BATCH` per round trip and under one signature:
         many times faster than a loop of submits. Every command is checked before anything is
         written."""
-        options, needs = _submit_options(options, requirements, keywords)
+        options, needs = submits.options_and_needs(options, requirements, keywords)
         if options.idempotency_key is not None:
             raise InvalidJobSpec("invalid job: a list of jobs takes no idempotency_key: it names one job")
-        argvs = [_argv(command) for command in commands]
+        argvs = [submits.argv(command) for command in commands]
         if not argvs:
             return []
-        first = _spec(argvs[0], options, needs)
+        first = submits.command_spec(argvs[0], options, needs)
         # One spec checked whole; the others differ from it only in their command.
         specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
         if options.fail_if_unschedulable:
@@ -531,76 +528,6 @@ def _block_ms(deadline: float | None, most: int) -> int | None:
         return most
     left = deadline - time.monotonic()
     return max(1, min(most, int(left * 1000))) if left > 0 else None
-
-
-def _argv(command: str | Sequence[str]) -> list[str]:
-    """A command as its arguments: a string is split as a shell would."""
-    try:
-        return shlex.split(command) if isinstance(command, str) else list(command)
-    except ValueError as exc:  # an unclosed quote
-        raise InvalidJobSpec(f"invalid job: command: {exc}") from None
-
-
-_NO_NEEDS = Requirements()
-
-
-#: The options of a submit that gives none: made once, as most submits give none.
-_NO_OPTIONS = SubmitOptions()
-_OPTION_NAMES = frozenset(SubmitOptions.model_fields)
-
-
-def _submit_options(
-    options: SubmitOptions | None, requirements: Requirements | None, keywords: Mapping[str, Any]
-) -> tuple[SubmitOptions, Requirements]:
-    """What a submit asked for, checked (:class:`InvalidJobSpec`): its options, given as a
-    :class:`SubmitOptions` or its fields as keywords, and its needs, a :class:`Requirements` or its
-    fields as keywords."""
-    given = {name: value for name, value in keywords.items() if name in _OPTION_NAMES}
-    if options is None:
-        options = validated(SubmitOptions, given) if given else _NO_OPTIONS
-    elif given:
-        raise InvalidJobSpec(
-            f"invalid job: {', '.join(given)}: give SubmitOptions or its fields as keywords, not both"
-        )
-    fields = {name: value for name, value in keywords.items() if name not in _OPTION_NAMES}
-    return options, _needs(requirements, fields)
-
-
-def _spec(
-    argv: list[str],
-    options: SubmitOptions,
-    requirements: Requirements,
-    *,
-    source: bool = False,
-    inputs: Sequence[str] = (),
-) -> JobSpec:
-    """A command job's spec, checked (:class:`InvalidJobSpec`)."""
-    return build_spec(
-        command=argv,
-        source=source,
-        inputs=list(inputs),
-        requirements=requirements,
-        distributed=Distributed.of(requirements, options),
-        **options.kept(),
-    )
-
-
-def _needs(requirements: Requirements | None, fields: Mapping[str, Any]) -> Requirements:
-    """What a submit asked for: a :class:`Requirements`, or its fields as keywords, checked."""
-    if requirements is None:
-        return validated(Requirements, fields) if fields else _NO_NEEDS
-    if fields:
-        given = ", ".join(fields)
-        raise InvalidJobSpec(f"invalid job: {given}: give a Requirements or its fields as keywords, not both")
-    return requirements
-
-
-def _no_input_over_the_source(source: archive.Manifest, inputs: archive.Manifest) -> None:
-    """An input lands in the job's folder beside the source: it may not take a source file's place."""
-    for name, path in inputs.members.items():
-        shipped = source.members.get(name)
-        if shipped is not None and not (shipped.is_dir() and path.is_dir()):
-            raise InvalidJobSpec(f"invalid job: the input {name!r} would replace the source's {name!r}")
 
 
 def _reasons_text(plan: Plan) -> str:

@@ -69,10 +69,6 @@ def test_what_several_modules_need_is_written_once() -> None:
     assert where(r"token_hex\(6\)") == ["store/jobs.py"]
 
 
-#: Modules still over the limit, each being split (issue 35): the list only shrinks.
-STILL_OVER = {"client.py"}
-
-
 def test_no_module_passes_600_lines() -> None:
     package = ROOT / "gpulayer"
     over = {
@@ -80,4 +76,4 @@ def test_no_module_passes_600_lines() -> None:
         for path in package.rglob("*.py")
         if len(path.read_text().splitlines()) > 600
     }
-    assert over <= STILL_OVER
+    assert over == set()
