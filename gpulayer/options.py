@@ -86,6 +86,13 @@ class RunOptions(BaseModel):
         le=3600,
         description="Seconds before the first retry; each later one waits twice as long.",
     )
+    kill_grace: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="Seconds between SIGTERM and SIGKILL when it times out or its worker stops; "
+        "none: the worker's setting.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -201,6 +208,7 @@ class RunKeywords(TypedDict, total=False):
     retries: int
     retry_on: RetryOn
     retry_delay: float
+    kill_grace: float | None
 
 
 class GangKeywords(TypedDict, total=False):

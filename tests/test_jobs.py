@@ -195,6 +195,16 @@ def test_a_job_past_its_timeout_is_stopped_and_ends_timed_out(client: Client, wo
     assert any("timed out" in line.text and line.stream == "system" for line in job.logs())
 
 
+def test_a_jobs_own_kill_grace_gives_it_that_long_after_sigterm(client: Client, workers: Workers) -> None:
+    """The worker's grace is 2 s here (conftest); a job that needs longer to clean up asks for it."""
+    workers.start()
+    cleanup = ["sh", "-c", 'trap "sleep 3; echo cleaned; exit 0" TERM; sleep 60 & wait']
+    slow, hurried = client.submit(cleanup, timeout=0.5, kill_grace=30), client.submit(cleanup, timeout=0.5)
+    assert slow.wait(30).state is hurried.wait(30).state is JobState.TIMED_OUT
+    assert [line.text for line in slow.logs() if line.stream == "stdout"] == ["cleaned"]
+    assert [line.text for line in hurried.logs() if line.stream == "stdout"] == []
+
+
 def test_an_output_that_was_not_produced_fails_the_job_and_names_it(
     client: Client, workers: Workers, tmp_path: Path
 ) -> None:

@@ -413,7 +413,8 @@ class JobRunner:
                 self._signal_all(signal.SIGTERM)
             if (self._stop is not None or watch.failed is not None) and kill_at is None:
                 quick = self._stop in ("cancel", None)
-                kill_at = now + (CANCEL_GRACE if quick else self.context.settings.kill_grace_seconds)
+                grace = self.spec.kill_grace or self.context.settings.kill_grace_seconds
+                kill_at = now + (CANCEL_GRACE if quick else grace)
             if kill_at is not None and now >= kill_at:
                 self._signal_all(signal.SIGKILL)
                 kill_at = float("inf")
