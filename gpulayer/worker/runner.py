@@ -21,7 +21,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
-import redis.exceptions
 from redis.client import Pipeline
 
 from ..errors import ArchiveError, UntrustedPayload
@@ -40,7 +39,7 @@ from ..signing import ResultSigner, check_file, sign_result
 from ..store.artifacts import ArtifactStore, CorruptArtifact, MissingArtifact, small_files
 from ..store.execution import Claim, Claimed, ClaimRequest, ExecutionStore
 from ..units import format_size
-from . import files
+from . import files, outages
 from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
@@ -48,7 +47,7 @@ from .endings import Ending, StopReason
 from .executor_pool import Executor, Key
 from .folders import Folders
 from .functions import FunctionRuntime
-from .launches import Launch
+from .launches import Followed, Launch, LaunchContext, Started
 from .output import Tracked
 from .process import JobProcesses, descendants, signal_tree
 from .supervisor import DRAIN, TICK, Supervisor, Watch
@@ -58,8 +57,6 @@ from .usage import GpuMemory, Meter
 log = logging.getLogger("gpulayer.worker")
 T = TypeVar("T")
 
-#: Seconds between tries of a Redis call while Redis cannot be reached.
-_REDIS_RETRY = 0.5
 #: A runner follows its job's processes itself for this long (s) before the supervisor takes them on.
 FIRST_LOOK = 0.05
 #: Seconds between samples of a job's GPU memory (an NVML call per GPU, and a look at its processes).
@@ -124,8 +121,6 @@ class JobRunner:
         self._lock = threading.Lock()
         self._stop: StopReason | None = None
         self._leaders: list[int] = []
-        #: The first of several processes that failed, and how (its exit status).
-        self.failed: tuple[int | None, int] | None = None
         self._checkpoints: CheckpointKeeper | None = None
         #: Set once the job's work is done and only its end is being recorded: the worker's spread
         #: delay does not count it as busy (its caller may already be submitting the next job).
@@ -221,14 +216,14 @@ class JobRunner:
     def _execute(self) -> Ending | None:
         """Run the job; returns how it ended, or None if it was given back or is not ours."""
         if self._stop in ("requeue", "stale"):
-            self.give_back()
+            self._give_back()
             return None
         artifacts = self.context.artifacts
         # A function's call is read in the same round trip.
         read_call = (
             (lambda pipe: artifacts.queue_inputs(pipe, self.claim.target)) if self.spec.function else None
         )
-        announced = self._launch.announce(self)
+        announced = self._launch.announce()
         status, replies = (
             ("ok", [self.claim.inputs])
             if self.claim.started
@@ -271,7 +266,27 @@ class JobRunner:
             check_file(self.digests, CALL, hashlib.sha256(call).hexdigest())
         if self._launch.folder:
             env[CHECKPOINT_VARIABLE] = str(self._checkpoint_folder())
-        return self._launch.start(self, env, call, announced)
+        started = self._launch.start(self._view, env, call, announced)
+        return started if isinstance(started, Ending) else self._follow_through(started)
+
+    @functools.cached_property
+    def _view(self) -> LaunchContext:
+        """What the job's launch may use of it."""
+        return LaunchContext(
+            spec=self.spec,
+            claim=self.claim,
+            folder=self.workdir,
+            base_env=self.base_env,
+            processes=self.processes,
+            functions=self.context.functions,
+            max_result_bytes=self.context.settings.max_job_bytes,
+            say=self.system,
+            retry=self.through_outage,
+            contain=self.contain,
+            stopped=lambda: self._stop,
+            outcome=self.outcome,
+            master=lambda: self.through_outage(self.context.store.master, self.claim),
+        )
 
     def _checkpoint_folder(self) -> Path:
         """The job's checkpoint folder: filled with what an earlier attempt kept, and kept while the
@@ -326,18 +341,34 @@ class JobRunner:
         self.box = box
         return box
 
-    def command(self, tracked: list[Tracked], *, outputs: bool = True) -> Ending | None:
-        """Follow the job's processes to their end, then upload its outputs (if this runner holds
-        them): how the job ended, or None if it was given back or is not ours."""
-        self.follow(tracked)
-        self.clean_up()
+    def _follow_through(self, started: Started) -> Ending | None:
+        """Follow what the launch started to its end (for an executor, its reply), clear up after it,
+        keep its last checkpoint and upload its outputs (where this runner holds them); then its
+        launch says how the job ended. None: the job was given back, or is not ours any more."""
+        executor = started.executor
+        watch = self._follow(started.tracked, started.replies)
+        returncode = None if watch.replied else started.tracked[0].returncode
+        reply = None
+        if executor is not None and returncode is None:
+            try:
+                reply = executor.receive()
+            except (EOFError, OSError):
+                returncode = self.processes.reap(executor.process, self.meter)
+        self._clean_up(executor, children=reply is not None and bool(reply[0].get("children")))
+        if executor is not None:
+            fresh = self.spec.function is not None and self.spec.function.fresh_process
+            self.context.functions.executors.release(
+                executor, keep=reply is not None and not fresh and not self._stop
+            )
         if self._checkpoints is not None and self._stop != "stale":
             self._checkpoints.tick(now=True)  # what it saved last; a cold shutdown's retry needs it too
         if self._stop in ("requeue", "stale"):
-            self.give_back()
+            self._give_back()
             return None
-        summary, too_large = self._upload_outputs() if outputs else (None, None)
-        return self.outcome(tracked[0].returncode or 0, summary, too_large)
+        outputs, too_large = self._upload_outputs() if started.outputs else (None, None)
+        return self._launch.finish(
+            self._view, started, Followed(returncode, outputs, too_large, reply, watch.failed)
+        )
 
     def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
         return files.upload_outputs(
@@ -351,7 +382,7 @@ class JobRunner:
             retry=self.through_outage,
         )
 
-    def follow(self, tracked: list[Tracked], replies: Connection | None = None) -> Watch:
+    def _follow(self, tracked: list[Tracked], replies: Connection | None = None) -> Watch:
         """Hand the processes to the supervisor and see them through: their exits (each then has its
         return code) or, for an executor, its reply (``replied``). Applies the timeout and stops
         meanwhile, and keeps the checkpoints."""
@@ -386,7 +417,6 @@ class JobRunner:
             watch.kill()
             self._reap(tracked)
             raise watch.error
-        self.failed = watch.failed
         if not watch.replied:
             self._reap(tracked)
         return watch
@@ -445,7 +475,7 @@ class JobRunner:
         for leader in leaders:
             signal_tree(leader, sig)
 
-    def clean_up(self, executor: Executor | None = None, children: bool = False) -> None:
+    def _clean_up(self, executor: Executor | None = None, children: bool = False) -> None:
         """Kill what the job left running: everything in its cgroup (but the ``executor`` it ran in),
         under the executor that says it has ``children``, and anywhere else it went; then read what
         it used."""
@@ -523,7 +553,7 @@ class JobRunner:
             self.job_id, self.claim.attempt, name, io.BytesIO(signed), pipe
         )
 
-    def give_back(self) -> None:
+    def _give_back(self) -> None:
         if self._stop == "requeue":
             message = f"worker {self.context.store.worker} stopped; the job goes back to its queue"
             self.through_outage(self.context.store.requeue, "returned", message, [self.job_id])
@@ -541,27 +571,9 @@ class JobRunner:
     def through_outage(self, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A Redis call the job cannot do without, retried through a Redis outage for as long as the
         job's lease could still hold; past that, the job is presumed taken over and the error raised."""
-        return through_outage(
+        return outages.through_outage(
             call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs
         )
-
-
-def through_outage(call: Callable[..., T], *args: Any, lease_ttl: float, what: str, **kwargs: Any) -> T:
-    """``call`` retried while Redis cannot be reached, for at most ``lease_ttl`` seconds."""
-    deadline = None
-    while True:
-        try:
-            return call(*args, **kwargs)
-        except redis.exceptions.AuthenticationError:
-            raise  # its user is gone (revoked): no retry brings it back
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + lease_ttl
-                log.warning("%s: cannot reach Redis (%s); retrying", what, exc)
-            if now >= deadline:
-                raise
-            time.sleep(_REDIS_RETRY)
 
 
 def _shell_code(returncode: int) -> int:

@@ -58,12 +58,13 @@ from .identity import RunAs, job_area
 from .intake import JOB_FOLDER_SUFFIX, JobIntake
 from .leases import LeaseKeeper, holder_alive, lease_timing
 from .listener import Listener
+from .outages import through_outage
 from .output import Line
 from .parts import redis_route_address
 from .process import JobProcesses, become_subreaper, job_environment
 from .queues import ServedQueues
 from .rq_shim import RQWorkerShim
-from .runner import Context, JobRunner, through_outage
+from .runner import Context, JobRunner
 from .slots import Slots
 from .supervisor import Supervisor
 from .telemetry import TelemetryReporter
