@@ -96,7 +96,7 @@ def test_each_job_lands_on_the_worker_that_has_what_it_asks_for(client: Client, 
             record = job.wait(30)
             assert record.state is JobState.SUCCEEDED
             assert record.worker == worker, record.spec.requirements
-    installed = client.submit(["true"], frameworks=["pydantic>=2", "rq<3"])
+    installed = client.submit(["true"], frameworks=["pydantic>=2", "rq>=2.12"])
     assert installed.wait(30).state is JobState.SUCCEEDED
 
 
