@@ -175,7 +175,7 @@ class CommandOptions(RunOptions):
 _KEPT = frozenset(CommandOptions.model_fields)
 
 
-class SubmitOptions(CommandOptions, GangOptions):
+class SubmitOptions(GangOptions, CommandOptions):
     """Everything a command job's submit may say of how it runs."""
 
     idempotency_key: str | None = Field(
@@ -188,7 +188,7 @@ class SubmitOptions(CommandOptions, GangOptions):
     )
 
 
-class CallOptions(RunOptions, GangOptions):
+class CallOptions(GangOptions, RunOptions):
     """How a remote function's calls run: what they need, and how they are retried and stopped."""
 
     #: What the machine must have: :class:`~gpulayer.Requirements`'s fields, checked as they are given.

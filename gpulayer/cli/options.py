@@ -44,9 +44,12 @@ def _option(name: str, field: FieldInfo) -> Callable[[F], F]:
         return click.option(
             flag, name, multiple=True, metavar="NAME=VALUE", callback=key_values, help=text + " Repeatable."
         )
-    if typing.get_origin(kind) is list:  # --output, once per item
-        return click.option(flag.removesuffix("s"), name, multiple=True, help=text + " Repeatable.")
-    return click.option(flag, name, metavar=name.upper(), help=text)
+    if typing.get_origin(kind) is list:  # --output OUTPUT, once per item
+        single = name.removesuffix("s")
+        return click.option(
+            flag.removesuffix("s"), name, multiple=True, metavar=single.upper(), help=text + " Repeatable."
+        )
+    return click.option(flag, name, metavar=name.rpartition("_")[2].upper(), help=text)
 
 
 def _given(annotation: Any) -> Any:
