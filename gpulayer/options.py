@@ -11,6 +11,7 @@ a test and a line of the docs.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
@@ -94,17 +95,12 @@ class RunOptions(BaseModel):
         "none: the worker's setting.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _none_is_the_default(cls, data: Any) -> Any:
-        """An option given as None (``retries=None``, JSON's null) takes its default, as it always has."""
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
-
     def kept(self) -> dict[str, Any]:
-        """What of these options a job's spec keeps (:class:`CommandOptions`'s fields), by name."""
-        return {name: getattr(self, name) for name in type(self).model_fields if name in _KEPT}
+        """What of these options a job's spec keeps (:class:`CommandOptions`'s fields), by name: those
+        not at their default, which the spec has too (each given one costs the spec a check)."""
+        return {
+            name: value for name, default in _kept(type(self)) if (value := getattr(self, name)) != default
+        }
 
 
 class GangOptions(BaseModel):
@@ -172,10 +168,30 @@ class CommandOptions(RunOptions):
         return name
 
 
-_KEPT = frozenset(CommandOptions.model_fields)
+@functools.cache
+def _kept(options: type[RunOptions]) -> tuple[tuple[str, Any], ...]:
+    """The fields of ``options`` a spec keeps, with their defaults."""
+    fields = options.model_fields.items()
+    kept = CommandOptions.model_fields
+    return tuple(
+        (name, field.get_default(call_default_factory=True)) for name, field in fields if name in kept
+    )
 
 
-class SubmitOptions(GangOptions, CommandOptions):
+class _Given(BaseModel):
+    """Options as a caller gives them. (Not a job's spec: a stored spec is read as it was written,
+    without a Python step in pydantic's way, as the worker reads one per job.)"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_is_the_default(cls, data: Any) -> Any:
+        """An option given as None (``retries=None``, JSON's null) takes its default, as it always has."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class SubmitOptions(_Given, GangOptions, CommandOptions):
     """Everything a command job's submit may say of how it runs."""
 
     idempotency_key: str | None = Field(
@@ -188,7 +204,7 @@ class SubmitOptions(GangOptions, CommandOptions):
     )
 
 
-class CallOptions(GangOptions, RunOptions):
+class CallOptions(_Given, GangOptions, RunOptions):
     """How a remote function's calls run: what they need, and how they are retried and stopped."""
 
     #: What the machine must have: :class:`~gpulayer.Requirements`'s fields, checked as they are given.
