@@ -27,7 +27,12 @@ Stage = Literal["fit", "validate", "test", "predict"]
 
 
 class Callback:
-    """Override the hooks you need; each gets the trainer and the module first."""
+    """Override the hooks you need; each gets the trainer and the module first. A hook runs before
+    the module's hook of the same name, in Lightning's order (docs/trainer.md)."""
+
+    #: Whether it decides from a metric at the epoch's end (stop, keep the best): its
+    #: ``on_train_epoch_end`` then runs after the module's, so that it sees what that logs.
+    monitoring = False
 
     @property
     def state_key(self) -> str:
@@ -50,6 +55,10 @@ class Callback:
 
     def on_fit_end(self, trainer: Trainer, module: Module) -> None: ...
 
+    def on_train_start(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_train_end(self, trainer: Trainer, module: Module) -> None: ...
+
     def on_train_epoch_start(self, trainer: Trainer, module: Module) -> None: ...
 
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
@@ -63,10 +72,25 @@ class Callback:
     ) -> None:
         """After the batch's backward pass and, at the end of an accumulation, the optimizer step."""
 
+    def on_before_zero_grad(self, trainer: Trainer, module: Module, optimizer: Optimizer) -> None:
+        """At the first batch of an accumulation, after its ``training_step``, before its backward."""
+
+    def on_before_backward(self, trainer: Trainer, module: Module, loss: torch.Tensor) -> None: ...
+
+    def on_after_backward(self, trainer: Trainer, module: Module) -> None: ...
+
     def on_before_optimizer_step(self, trainer: Trainer, module: Module, optimizer: Optimizer) -> None:
         """Gradients are final (accumulated, synchronized, unscaled when clipping) and not yet applied."""
 
     def on_validation_start(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_validation_epoch_start(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_validation_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, module: Module, batch: Any, batch_idx: int
+    ) -> None: ...
 
     def on_validation_batch_end(
         self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
@@ -76,6 +100,12 @@ class Callback:
 
     def on_test_start(self, trainer: Trainer, module: Module) -> None: ...
 
+    def on_test_epoch_start(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_test_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_test_batch_start(self, trainer: Trainer, module: Module, batch: Any, batch_idx: int) -> None: ...
+
     def on_test_batch_end(
         self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
     ) -> None: ...
@@ -83,6 +113,14 @@ class Callback:
     def on_test_end(self, trainer: Trainer, module: Module) -> None: ...
 
     def on_predict_start(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_predict_epoch_start(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_predict_epoch_end(self, trainer: Trainer, module: Module) -> None: ...
+
+    def on_predict_batch_start(
+        self, trainer: Trainer, module: Module, batch: Any, batch_idx: int
+    ) -> None: ...
 
     def on_predict_batch_end(
         self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
@@ -95,22 +133,43 @@ HOOKS = tuple(name for name in vars(Callback) if name in {"setup", "teardown"} o
 
 
 class Hooks:
-    """For each hook, the bound methods of only the callbacks that override it: a hook no callback
-    overrides costs the loop that calls it an empty list."""
+    """For each hook, what runs it: the callbacks that override it, then the module if it does (its
+    hooks take no trainer or module). A hook nothing overrides costs the loop that calls it an empty
+    list. ``on_train_epoch_end`` is split: ``by_name`` has the callbacks that do not monitor a metric
+    and the module, ``monitoring_epoch_end`` the rest, run once what the module logged is counted."""
 
-    def __init__(self, callbacks: Sequence[Callback]) -> None:
+    def __init__(self, callbacks: Sequence[Callback], module: Module) -> None:
         self.by_name: dict[str, list[Callable[..., None]]] = {
-            name: [
-                getattr(callback, name)
-                for callback in callbacks
-                if getattr(type(callback), name) is not getattr(Callback, name)
-            ]
+            name: [getattr(callback, name) for callback in callbacks if _overrides(callback, Callback, name)]
             for name in HOOKS
         }
+        self.monitoring_epoch_end = [
+            callback.on_train_epoch_end
+            for callback in callbacks
+            if callback.monitoring and _overrides(callback, Callback, "on_train_epoch_end")
+        ]
+        epoch_end = self.by_name["on_train_epoch_end"]
+        epoch_end[:] = [hook for hook in epoch_end if hook not in self.monitoring_epoch_end]
+        for name in HOOKS:
+            if _overrides(module, Module, name):
+                self.by_name[name].append(_of_module(getattr(module, name)))
 
     def call(self, name: str, *args: Any) -> None:
         for hook in self.by_name[name]:
             hook(*args)
+
+
+def _overrides(owner: object, base: type, name: str) -> bool:
+    return getattr(type(owner), name) is not getattr(base, name)
+
+
+def _of_module(hook: Callable[..., None]) -> Callable[..., None]:
+    """A module's hook, called as a callback's is (the trainer and the module first)."""
+
+    def call(trainer: Trainer, module: Module, *args: Any) -> None:
+        hook(*args)
+
+    return call
 
 
 def _better(mode: Literal["min", "max"]) -> Callable[[float, float], bool]:
@@ -121,6 +180,8 @@ class EarlyStopping(Callback):
     """Stop fitting when ``monitor`` (an epoch metric) has not improved by more than ``min_delta``
     for ``patience`` epochs in a row (epochs without a value, such as those that skip validation,
     do not count), or is not finite. Every rank stops after the same epoch."""
+
+    monitoring = True
 
     def __init__(
         self,
@@ -192,6 +253,8 @@ class ModelCheckpoint(Callback):
     out. With ``save_last`` it also writes ``last.ckpt`` each time, and once more when the fit
     ends: what a fit resumes from. Only rank 0 writes; every write is atomic.
     """
+
+    monitoring = True
 
     def __init__(
         self,

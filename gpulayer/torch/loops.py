@@ -84,7 +84,10 @@ class FitLoop:
         # Looked up once, not on every step.
         self.mixed = session.precision.dtype is not None
         self.scaler = session.precision.scaler
-        self.before_optimizer_step = session.hooks.by_name["on_before_optimizer_step"]
+        hooks = session.hooks.by_name
+        self.before_zero_grad = hooks["on_before_zero_grad"]
+        self.before_backward, self.after_backward = hooks["on_before_backward"], hooks["on_after_backward"]
+        self.before_optimizer_step = hooks["on_before_optimizer_step"]
 
     # -- checkpoints
 
@@ -224,8 +227,18 @@ class FitLoop:
         loss = output if isinstance(output, torch.Tensor) else _loss_of(output)
         if accumulate > 1:
             loss = loss / accumulate
+        trainer, module = self.trainer, self.module
+        if not self.accumulated:  # the first batch of an accumulation: the last step's gradients go
+            optimizer = self.optim.optimizer
+            for hook in self.before_zero_grad:
+                hook(trainer, module, optimizer)
+            optimizer.zero_grad(set_to_none=True)
+        for hook in self.before_backward:
+            hook(trainer, module, loss)
         scaler = self.scaler
         (scaler.scale(loss) if scaler is not None else loss).backward()  # type: ignore[no-untyped-call]
+        for hook in self.after_backward:
+            hook(trainer, module)
         return output
 
     def optimizer_step(self) -> None:
@@ -245,7 +258,6 @@ class FitLoop:
             scaler.update()
         else:
             optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
         self.accumulated = False
         trainer.global_step += 1
         if optim.scheduler is not None:
@@ -271,7 +283,15 @@ class FitLoop:
         log.current = log.add(
             trainer.current_epoch, trainer.global_step, trainer.epoch_metrics, epoch_end=True
         )
-        session.hooks.call("on_train_epoch_end", trainer, module)
+        hooks = session.hooks
+        hooks.call("on_train_epoch_end", trainer, module)
+        if hooks.by_name["on_train_epoch_end"]:  # on every rank alike: the same callbacks and module
+            # What they logged counts in the epoch's metrics, before the callbacks that monitor one.
+            late = self.sink.epoch.reduce(session.ranks, session.device)
+            for metrics in (trainer.epoch_metrics, trainer.callback_metrics, log.current):
+                metrics.update(late)
+        for hook in hooks.monitoring_epoch_end:
+            hook(trainer, module)
         log.current = None
         log.write()
         # Every rank stops after the same epoch, whichever rank asked.
@@ -329,16 +349,20 @@ def evaluate(
     training = module.training
     module.eval()
     device, hooks = session.device, session.hooks
-    batch_end = hooks.by_name[f"on_{hook}_batch_end"]
+    batch_start, batch_end = hooks.by_name[f"on_{hook}_batch_start"], hooks.by_name[f"on_{hook}_batch_end"]
     hooks.call(f"on_{hook}_start", trainer, module)
+    hooks.call(f"on_{hook}_epoch_start", trainer, module)
     with torch.no_grad():
         for batch_idx, loaded in enumerate(loader):
             batch = data.to_device(loaded, device) if device.type != "cpu" else loaded
             sink.batch = batch
+            for callback in batch_start:
+                callback(trainer, module, batch, batch_idx)
             with session.precision.autocast():
                 output = step(batch, batch_idx)
             for callback in batch_end:
                 callback(trainer, module, output, batch, batch_idx)
+        hooks.call(f"on_{hook}_epoch_end", trainer, module)  # what it logs counts in the means
     metrics = sink.epoch.reduce(session.ranks, device)
     module.train(training)
     module._log_sink = previous
@@ -356,16 +380,20 @@ def predict(trainer: Trainer, session: Session, module: Module, loader: DataLoad
     training = module.training
     module.eval()
     device, hooks = session.device, session.hooks
-    batch_end = hooks.by_name["on_predict_batch_end"]
+    batch_start, batch_end = hooks.by_name["on_predict_batch_start"], hooks.by_name["on_predict_batch_end"]
     hooks.call("on_predict_start", trainer, module)
+    hooks.call("on_predict_epoch_start", trainer, module)
     with torch.no_grad():
         for batch_idx, loaded in enumerate(loader):
             batch = data.to_device(loaded, device) if device.type != "cpu" else loaded
+            for callback in batch_start:
+                callback(trainer, module, batch, batch_idx)
             with session.precision.autocast():
                 output = module.predict_step(batch, batch_idx)
             for callback in batch_end:
                 callback(trainer, module, output, batch, batch_idx)
             outputs.append(data.to_device(output, CPU))
+        hooks.call("on_predict_epoch_end", trainer, module)
     module.train(training)
     hooks.call("on_predict_end", trainer, module)
     if session.ranks.distributed:

@@ -285,7 +285,9 @@ class Trainer:
         self._fit = loop
         try:
             session.hooks.call("on_fit_start", self, module)
+            session.hooks.call("on_train_start", self, module)
             loop.run()
+            session.hooks.call("on_train_end", self, module)
             session.hooks.call("on_fit_end", self, module)
         finally:
             self._fit = None
@@ -327,7 +329,7 @@ class Trainer:
             self._metrics.folder = self.run_dir if ranks.is_zero else None
         self.stage = stage
         self.epoch_metrics = {}
-        session = Session(ranks, device, Precision(self.precision, device), Hooks(self.callbacks))
+        session = Session(ranks, device, Precision(self.precision, device), Hooks(self.callbacks, module))
         module.to(device)
         if self.compile:
             module.compile()
