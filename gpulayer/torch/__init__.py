@@ -22,6 +22,7 @@ from .module import Module
 from .optim import OptimizerConfig, Optimizers, SchedulerConfig
 from .progress import ProgressBar
 from .trainer import Trainer
+from .utilities import rank_zero_only, seed_everything
 
 __all__ = [
     "Callback",
@@ -34,4 +35,6 @@ __all__ = [
     "ProgressBar",
     "SchedulerConfig",
     "Trainer",
+    "rank_zero_only",
+    "seed_everything",
 ]

@@ -147,7 +147,8 @@ class StageLog:
             self.epoch.add(epoch_name, value, weight if weight is not None else batch_size(self.batch))
         # Step values exist in training only, and are read only on the steps that are due.
         if on_step and self.training and self.step_due:
-            self.step[step_name] = float(value)
+            # Detached: a loss still in its graph is read as a number, without torch's warning.
+            self.step[step_name] = float(value.detach() if isinstance(value, torch.Tensor) else value)
         if prog_bar:
             self.prog_bar.add(epoch_name if on_epoch else step_name)
 

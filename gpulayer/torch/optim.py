@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -32,8 +32,16 @@ class OptimizerConfig(_OptimizerBase, total=False):
     lr_scheduler: LRScheduler | SchedulerConfig
 
 
-#: An optimizer; an optimizer and its scheduler; or a dict naming them (and when the scheduler steps).
-Optimizers = Optimizer | tuple[Optimizer, LRScheduler] | OptimizerConfig
+#: An optimizer; an optimizer and its scheduler; or a dict naming them (and when the scheduler steps);
+#: or, as Lightning takes them, lists of one: ``[optimizer]``, ``([optimizer], [scheduler])``.
+Optimizers = (
+    Optimizer
+    | tuple[Optimizer, LRScheduler | SchedulerConfig]
+    | OptimizerConfig
+    | list[Optimizer]
+    | list[OptimizerConfig]
+    | tuple[list[Optimizer], list[LRScheduler | SchedulerConfig]]
+)
 
 
 @dataclass
@@ -46,14 +54,19 @@ class Optimization:
 
     @classmethod
     def parse(cls, config: Optimizers) -> Optimization:
-        if isinstance(config, Optimizer):
-            return cls(config)
-        if isinstance(config, tuple):
-            optimizer, paired = config
-            return cls(optimizer, paired)
-        if isinstance(config, Mapping) and isinstance(config.get("optimizer"), Optimizer):
-            found = cls(config["optimizer"])
-            scheduler = config.get("lr_scheduler")
+        given: Any = config
+        if isinstance(given, list):  # [optimizer], [{"optimizer": ...}]: Lightning's lists, of one
+            given = _one(given, "optimizer")
+        if isinstance(given, tuple):
+            optimizer, scheduler = given
+            if isinstance(optimizer, list):  # ([optimizer], [scheduler]), as Lightning takes it
+                optimizer, scheduler = _one(optimizer, "optimizer"), _one(scheduler, "scheduler")
+            given = {"optimizer": optimizer, "lr_scheduler": scheduler}
+        if isinstance(given, Optimizer):
+            return cls(given)
+        if isinstance(given, Mapping) and isinstance(given.get("optimizer"), Optimizer):
+            found = cls(given["optimizer"])
+            scheduler = given.get("lr_scheduler")
             if isinstance(scheduler, LRScheduler):
                 found.scheduler = scheduler
             elif scheduler is not None:
@@ -65,8 +78,9 @@ class Optimization:
                 raise ValueError('ReduceLROnPlateau needs "monitor": the metric it watches')
             return found
         raise TypeError(
-            "configure_optimizers must return an optimizer, (optimizer, scheduler), or "
-            f'{{"optimizer": ..., "lr_scheduler": ...}}, not {type(config).__name__}'
+            "configure_optimizers must return an optimizer, (optimizer, scheduler), "
+            '([optimizer], [scheduler]) or {"optimizer": ..., "lr_scheduler": ...}, not '
+            f"{type(config).__name__}"
         )
 
     def step_scheduler(
@@ -82,3 +96,13 @@ class Optimization:
             self.scheduler.step(metrics[self.monitor])
         else:
             self.scheduler.step()
+
+
+def _one(items: list[Any], what: str) -> Any:
+    """The one item of a list ``configure_optimizers`` returned; the Trainer steps one optimizer."""
+    if len(items) != 1:
+        raise ValueError(
+            f"configure_optimizers returned {len(items)} {what}s; the Trainer steps one optimizer "
+            f"(its parameter groups can hold several learning rates): return one {what}"
+        )
+    return items[0]

@@ -1,0 +1,76 @@
+"""What a Lightning script does that the Trainer takes as Lightning does (issue 36, the parts done):
+``configure_optimizers``' list forms, ``seed_everything``, ``rank_zero_only``, a loss logged on
+every step without torch's warning."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+import torch
+
+import gpulayer as gl
+from tests.test_trainer import Regression, trainer
+from tests.test_trainer_hooks import loader
+
+
+class ListsOfOne(Regression):
+    def configure_optimizers(self) -> gl.torch.Optimizers:
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+
+def test_configure_optimizers_may_return_lightnings_lists_of_one(tmp_path: Path) -> None:
+    monitor = gl.torch.LearningRateMonitor(logging_interval="step")
+    run = trainer(tmp_path, max_epochs=2, log_every_n_steps=1, callbacks=[monitor])
+    run.fit(ListsOfOne(), loader(4))
+    assert [row["lr-SGD"] for row in run.metrics_log.rows if "lr-SGD" in row][:3] == [0.1, 0.1, 0.05]
+
+
+class TwoOptimizers(Regression):
+    def configure_optimizers(self) -> Any:
+        return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.2)]
+
+
+def test_two_optimizers_are_refused_in_one_line_naming_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"returned 2 optimizers; the Trainer steps one optimizer .*: return one"
+    ):
+        trainer(tmp_path, max_epochs=1).fit(TwoOptimizers(), loader(4))
+
+
+def test_seed_everything_makes_the_generators_repeat() -> None:
+    assert gl.torch.seed_everything(7) == 7
+    first = (random.random(), torch.rand(1).item())
+    gl.torch.seed_everything(7)
+    assert (random.random(), torch.rand(1).item()) == first
+
+
+def test_rank_zero_only_runs_on_rank_zero_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    @gl.torch.rank_zero_only
+    def said(text: str) -> str:
+        return text
+
+    assert said("here") == "here"
+    monkeypatch.setenv("RANK", "1")
+    assert said("here") is None
+
+
+class LogsItsLossEveryStep(Regression):
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self(x), y)
+        self.log("loss", loss, on_step=True, prog_bar=True)
+        return loss
+
+
+def test_a_loss_logged_on_every_step_reads_without_a_warning(tmp_path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer(tmp_path, max_epochs=1, log_every_n_steps=1).fit(LogsItsLossEveryStep(), loader(4))
