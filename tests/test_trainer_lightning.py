@@ -74,3 +74,35 @@ def test_a_loss_logged_on_every_step_reads_without_a_warning(tmp_path: Path) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         trainer(tmp_path, max_epochs=1, log_every_n_steps=1).fit(LogsItsLossEveryStep(), loader(4))
+
+
+@pytest.mark.parametrize(
+    ("given", "dtype"),
+    [
+        ("64-true", torch.float64),
+        (64, torch.float64),
+        ("bf16-true", torch.bfloat16),
+        ("32-true", torch.float32),
+    ],
+)
+def test_true_precision_keeps_parameters_and_batches_in_its_type(
+    tmp_path: Path, given: Any, dtype: torch.dtype
+) -> None:
+    class Typed(Regression):
+        def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+            assert batch[0].dtype is dtype
+            assert torch.zeros(1).dtype is dtype
+            return super().training_step(batch, batch_idx)
+
+    module = Typed()
+    run = trainer(tmp_path, max_epochs=1, precision=given)
+    run.fit(module, loader(4))
+    assert {parameter.dtype for parameter in module.parameters()} == {dtype}
+    assert torch.get_default_dtype() is torch.float32  # only inside the steps
+
+
+def test_lightnings_precision_names_are_taken_and_others_refused(tmp_path: Path) -> None:
+    for given in (16, "16", 32, "32-true", "bf16", "bf16-mixed", "16-mixed", "16-true"):
+        trainer(tmp_path, precision=given)
+    with pytest.raises(ValueError, match=r"^precision must be one of .*, not 'half'$"):
+        trainer(tmp_path, precision="half")

@@ -14,7 +14,7 @@ generator a resumed fit restores. Any other loader (a custom sampler, an ``Itera
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -144,20 +144,25 @@ def start_epoch(loader: DataLoader[Any], epoch: int, skip_batches: int) -> int:
 
 
 def to_device(batch: T, device: torch.device) -> T:
-    """``batch`` with every tensor in it (in lists, tuples, named tuples and mappings, which come
-    back as dicts) on ``device``."""
-    moved: Any
+    """``batch`` with every tensor in it on ``device``."""
+    return apply(batch, lambda tensor: tensor.to(device, non_blocking=True))
+
+
+def apply(batch: T, change: Callable[[torch.Tensor], torch.Tensor]) -> T:
+    """``batch`` with ``change`` made to every tensor in it (in lists, tuples, named tuples and
+    mappings, which come back as dicts)."""
+    changed: Any
     if isinstance(batch, torch.Tensor):
-        moved = batch.to(device, non_blocking=True)
+        changed = change(batch)
     elif isinstance(batch, Mapping):
-        moved = {key: to_device(value, device) for key, value in batch.items()}
+        changed = {key: apply(value, change) for key, value in batch.items()}
     elif isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        moved = type(batch)(*(to_device(value, device) for value in batch))
+        changed = type(batch)(*(apply(value, change) for value in batch))
     elif isinstance(batch, list | tuple):
-        moved = type(batch)(to_device(value, device) for value in batch)
+        changed = type(batch)(apply(value, change) for value in batch)
     else:
-        moved = batch
-    return moved  # type: ignore[no-any-return]
+        changed = batch
+    return changed  # type: ignore[no-any-return]
 
 
 def batch_size(batch: Any) -> int:

@@ -82,7 +82,7 @@ class FitLoop:
         self.ddp: DistributedDataParallel | None = None
         self.step: Callable[[Any, int], Any] = module.training_step
         # Looked up once, not on every step.
-        self.mixed = session.precision.dtype is not None
+        self.in_context = session.precision.has_context
         self.scaler = session.precision.scaler
         hooks = session.hooks.by_name
         self.before_zero_grad = hooks["on_before_zero_grad"]
@@ -185,12 +185,15 @@ class FitLoop:
         )
         val_every = self._val_every(total) if self.val is not None else None
         move = device.type != "cpu"
+        convert = self.session.precision.true_dtype is not None
         self.epoch_finished = False
         batches = iter(self.train)
         for _ in range(to_draw):
             next(batches)
         for batch_idx, loaded in enumerate(batches, start=first):
             batch = data.to_device(loaded, device) if move else loaded
+            if convert:
+                batch = self.session.precision.convert_input(batch)
             sink.batch = batch
             sink.step_due = (batch_idx + 1) % log_every == 0
             for hook in batch_start:
@@ -219,7 +222,7 @@ class FitLoop:
         self.epoch_finished = True
 
     def forward_backward(self, batch: Any, batch_idx: int, accumulate: int) -> Any:
-        if self.mixed:
+        if self.in_context:
             with self.session.precision.autocast():
                 output = self.step(batch, batch_idx)
         else:
@@ -355,6 +358,7 @@ def evaluate(
     with torch.no_grad():
         for batch_idx, loaded in enumerate(loader):
             batch = data.to_device(loaded, device) if device.type != "cpu" else loaded
+            batch = session.precision.convert_input(batch)
             sink.batch = batch
             for callback in batch_start:
                 callback(trainer, module, batch, batch_idx)
@@ -386,6 +390,7 @@ def predict(trainer: Trainer, session: Session, module: Module, loader: DataLoad
     with torch.no_grad():
         for batch_idx, loaded in enumerate(loader):
             batch = data.to_device(loaded, device) if device.type != "cpu" else loaded
+            batch = session.precision.convert_input(batch)
             for callback in batch_start:
                 callback(trainer, module, batch, batch_idx)
             with session.precision.autocast():

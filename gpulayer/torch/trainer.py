@@ -31,7 +31,7 @@ from .loops import FitLoop, Session, evaluate, predict
 from .metrics import MetricsLog
 from .module import Module
 from .optim import Optimization
-from .precision import PRECISIONS, Precision, PrecisionName
+from .precision import Precision, PrecisionName, precision_name
 from .progress import ProgressBar
 from .ranks import Ranks
 
@@ -50,8 +50,10 @@ class Trainer:
     submitted with besides (``client``, ``source``, ``timeout``, ``retries``, requirements per node
     such as ``gpu_memory`` or ``labels``: what ``gl.remote`` takes; ``accelerator="cuda"``
     reserves ``devices`` GPUs per node).
-    ``precision``: ``"32"``, ``"bf16"`` (bfloat16 autocast; ``"bf16-mixed"`` is the same) or
-    ``"16-mixed"`` (float16 autocast with a gradient scaler). ``compile``: ``module.compile()``.
+    ``precision``: Lightning's names: ``"32-true"`` (or ``"32"``, ``32``), ``"bf16-mixed"``
+    (bfloat16 autocast; ``"bf16"``), ``"16-mixed"`` (float16 autocast with a gradient scaler;
+    ``"16"``, ``16``), or true precision, everything in one type: ``"16-true"``, ``"bf16-true"``,
+    ``"64-true"`` (``"64"``, ``64``). ``compile``: ``module.compile()``.
 
     Fitting stops at ``max_epochs`` or ``max_steps`` (optimizer steps), whichever comes first, or
     when a callback sets ``should_stop``. ``accumulate_grad_batches`` batches make one optimizer
@@ -78,7 +80,7 @@ class Trainer:
         devices: int = 1,
         num_nodes: int = 1,
         remote: bool = False,
-        precision: PrecisionName = "32",
+        precision: PrecisionName | int = "32",
         compile: bool = False,
         max_epochs: int | None = None,
         max_steps: int | None = None,
@@ -97,8 +99,6 @@ class Trainer:
     ) -> None:
         if accelerator not in ("auto", "cpu", "cuda", "mps"):
             raise ValueError(f"accelerator must be auto, cpu, cuda or mps, not {accelerator!r}")
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
         for name, value in (("devices", devices), ("num_nodes", num_nodes),
                             ("accumulate_grad_batches", accumulate_grad_batches),
                             ("check_val_every_n_epoch", check_val_every_n_epoch),
@@ -109,7 +109,7 @@ class Trainer:
         self.devices = devices
         self.num_nodes = num_nodes
         self.remote = remote
-        self.precision: PrecisionName = precision
+        self.precision: PrecisionName = precision_name(precision)
         self.compile = compile
         self.max_epochs = max_epochs
         self.max_steps = max_steps
@@ -331,6 +331,7 @@ class Trainer:
         self.epoch_metrics = {}
         session = Session(ranks, device, Precision(self.precision, device), Hooks(self.callbacks, module))
         module.to(device)
+        session.precision.convert_module(module)
         if self.compile:
             module.compile()
         module._trainer = self
