@@ -172,11 +172,10 @@ def test_fit_validate_test_and_predict_in_this_process(tmp_path: Path) -> None:
     val = regression_data(32, seed=1)
     with torch.no_grad():
         expected = torch.nn.functional.mse_loss(model(val.tensors[0]), val.tensors[1]).item()
-    assert run.validate(model, DataLoader(val, batch_size=10))["val_loss"] == pytest.approx(
-        expected, rel=1e-5
-    )
+    [validated] = run.validate(model, DataLoader(val, batch_size=10))
+    assert validated["val_loss"] == pytest.approx(expected, rel=1e-5)
 
-    tested = run.test(model, loader(seed=2))
+    [tested] = run.test(model, loader(seed=2))
     assert set(tested) == {"test_loss"}
     assert json.loads((tmp_path / "metrics.json").read_text())[-1]["test_loss"] == tested["test_loss"]
 

@@ -115,4 +115,4 @@ def test_what_a_module_logs_at_an_epochs_end_counts_and_monitoring_callbacks_see
     assert plain.seen == [None, 10.0]  # before the module's hook: last epoch's value
     assert run.epoch_metrics["epoch_mark"] == 11.0
     assert run.epoch_metrics["val_mark"] == 7.0
-    assert run.validate(LogsAtEpochEnds(), loader(2))["val_mark"] == 7.0
+    assert run.validate(LogsAtEpochEnds(), loader(2))[0]["val_mark"] == 7.0

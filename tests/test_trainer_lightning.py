@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 import torch
+from torch.utils.data import DataLoader
 
 import gpulayer as gl
 from tests.test_trainer import Regression, trainer
@@ -106,3 +107,55 @@ def test_lightnings_precision_names_are_taken_and_others_refused(tmp_path: Path)
         trainer(tmp_path, precision=given)
     with pytest.raises(ValueError, match=r"^precision must be one of .*, not 'half'$"):
         trainer(tmp_path, precision="half")
+
+
+class Regressions(gl.torch.DataModule):
+    """Records what the Trainer asked of it, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def prepare_data(self) -> None:
+        self.calls.append("prepare_data")
+
+    def setup(self, stage: str) -> None:
+        self.calls.append(f"setup {stage}")
+
+    def teardown(self, stage: str) -> None:
+        self.calls.append(f"teardown {stage}")
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return loader(4)
+
+    def val_dataloader(self) -> DataLoader[Any]:
+        return loader(2)
+
+    def test_dataloader(self) -> DataLoader[Any]:
+        return loader(2)
+
+    def predict_dataloader(self) -> DataLoader[Any]:
+        return loader(2)
+
+
+def test_a_datamodule_gives_the_data_and_the_fitted_model_is_the_default(tmp_path: Path) -> None:
+    data, model = Regressions(), Regression()
+    run = trainer(tmp_path, max_epochs=1)
+    run.fit(model, datamodule=data)
+    assert run.datamodule is data
+    [validated] = run.validate(datamodule=data)  # no model: the one just fitted
+    [tested] = run.test(datamodule=data)
+    assert set(validated) == {"val_loss"}
+    assert set(tested) == {"test_loss"}
+    assert len(run.predict(datamodule=data)) == 1
+    stages = ("fit", "validate", "test", "predict")
+    assert data.calls == [
+        call for stage in stages for call in ("prepare_data", f"setup {stage}", f"teardown {stage}")
+    ]
+    assert "train_loss" in run.fit(model, train_dataloaders=loader(4), val_dataloaders=loader(2))
+
+
+def test_a_call_with_no_model_before_any_fit_says_so(tmp_path: Path) -> None:
+    with pytest.raises(
+        ValueError, match=r"^test needs a model: none was given, and this trainer has fitted none$"
+    ):
+        trainer(tmp_path).test(dataloaders=loader(2))

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "epochs": trainer.current_epoch,
         "steps": trainer.global_step,
         "best": trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else None,
-        **trainer.test(model, test, ckpt_path="best"),
+        **trainer.test(model, test, ckpt_path="best")[0],
         "predictions": len(torch.cat(trainer.predict(model, test))),
     }
     if trainer.is_global_zero:  # under a launcher every rank runs this script; one summary is enough

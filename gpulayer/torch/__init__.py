@@ -18,6 +18,7 @@ except ImportError as missing:
     raise ImportError("gpulayer.torch needs PyTorch: pip install 'gpulayer[torch]'") from missing
 
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from .data_module import DataModule
 from .module import Module
 from .optim import OptimizerConfig, Optimizers, SchedulerConfig
 from .progress import ProgressBar
@@ -26,6 +27,7 @@ from .utilities import rank_zero_only, seed_everything
 
 __all__ = [
     "Callback",
+    "DataModule",
     "EarlyStopping",
     "LearningRateMonitor",
     "ModelCheckpoint",

@@ -27,6 +27,7 @@ from ..functions import RemoteKeywords
 from ..models import CHECKPOINT_VARIABLE, JOB_ID_VARIABLE
 from . import checkpoint, data, launch, remote
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
+from .data_module import DataModule
 from .loops import FitLoop, Session, evaluate, predict
 from .metrics import MetricsLog
 from .module import Module
@@ -140,10 +141,14 @@ class Trainer:
         self._ranks = Ranks()
         self._metrics: MetricsLog | None = None
         self._fit: FitLoop | None = None
+        #: The model of the last ``fit``: what ``validate``, ``test`` and ``predict`` take when given none.
+        self._fitted: Module | None = None
+        #: The ``datamodule`` of the current (or last) call, if it had one.
+        self.datamodule: DataModule | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # What a gang job is submitted with (a client among it) stays with the caller: ranks get none.
-        return {**self.__dict__, "job_options": {}}
+        return {**self.__dict__, "job_options": {}, "_fitted": None}
 
     def __repr__(self) -> str:
         return f"Trainer(devices={self.devices}, num_nodes={self.num_nodes}, run_dir={str(self.run_dir)!r})"
@@ -195,49 +200,76 @@ class Trainer:
 
     def fit(
         self,
-        module: Module,
-        train_dataloader: DataLoader[Any] | None = None,
-        val_dataloader: DataLoader[Any] | None = None,
+        model: Module | None = None,
+        train_dataloaders: DataLoader[Any] | None = None,
+        val_dataloaders: DataLoader[Any] | None = None,
+        datamodule: DataModule | None = None,
     ) -> dict[str, float]:
-        """Train ``module`` (on ``train_dataloader``, else ``module.train_dataloader()``), validating
-        on ``val_dataloader`` (else ``module.val_dataloader()``, if any); the final metrics. After
-        ranks started here, ``module`` holds rank 0's trained weights."""
+        """Train ``model`` on ``train_dataloaders`` (else the ``datamodule``'s, else the model's
+        ``train_dataloader()``), validating on ``val_dataloaders`` (found the same way, if any); the
+        final metrics. After ranks started here, ``model`` holds rank 0's trained weights; a later
+        ``validate``, ``test`` or ``predict`` given no model takes it."""
+        module = self._model(model, "fit")
         if self.max_epochs is None and self.max_steps is None:
             raise ValueError("fit needs Trainer(max_epochs=...) or Trainer(max_steps=...)")
+        self._fitted = module
         if (where := self._where()) != "here":
-            return self._elsewhere(where, "fit", module, train_dataloader, val_dataloader)  # type: ignore[no-any-return]
-        train = train_dataloader if train_dataloader is not None else module.train_dataloader()
-        if train is None:
-            raise ValueError("fit needs a train_dataloader, or a module whose train_dataloader() returns one")
-        val = val_dataloader if val_dataloader is not None else module.val_dataloader()
-        with self._session(module, "fit") as session:
+            return self._elsewhere(where, "fit", module, train_dataloaders, val_dataloaders, datamodule)  # type: ignore[no-any-return]
+        with self._session(module, "fit", datamodule) as session:
+            train = _loader(train_dataloaders, datamodule, module, "train_dataloader")
+            if train is None:
+                raise ValueError(
+                    "fit needs train_dataloaders, a datamodule, or a model whose train_dataloader() gives one"
+                )
+            val = _loader(val_dataloaders, datamodule, module, "val_dataloader")
             self._run_fit(session, module, train, val)
         return dict(self.callback_metrics)
 
     def validate(
-        self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
-    ) -> dict[str, float]:
-        """Run ``validation_step`` over the data; the logged metrics' means over it. ``ckpt_path``:
-        load these weights first (``"best"`` and ``"last"`` name the checkpoint callback's)."""
-        return self._evaluate("validate", module, dataloader, ckpt_path)
+        self,
+        model: Module | None = None,
+        dataloaders: DataLoader[Any] | None = None,
+        ckpt_path: str | Path | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
+        """Run ``validation_step`` over the data; the logged metrics' means over it, one dict per
+        loader (as Lightning returns them). ``ckpt_path``: load these weights first (``"best"`` and
+        ``"last"`` name the checkpoint callback's). No model: the one fitted last."""
+        return self._evaluate("validate", self._model(model, "validate"), dataloaders, ckpt_path, datamodule)
 
     def test(
-        self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
-    ) -> dict[str, float]:
+        self,
+        model: Module | None = None,
+        dataloaders: DataLoader[Any] | None = None,
+        ckpt_path: str | Path | None = None,
+        datamodule: DataModule | None = None,
+    ) -> list[dict[str, float]]:
         """Run ``test_step`` over the data; the logged metrics' means over it (see ``validate``)."""
-        return self._evaluate("test", module, dataloader, ckpt_path)
+        return self._evaluate("test", self._model(model, "test"), dataloaders, ckpt_path, datamodule)
 
     def predict(
-        self, module: Module, dataloader: DataLoader[Any] | None = None, ckpt_path: str | Path | None = None
+        self,
+        model: Module | None = None,
+        dataloaders: DataLoader[Any] | None = None,
+        datamodule: DataModule | None = None,
+        ckpt_path: str | Path | None = None,
     ) -> list[Any]:
         """``predict_step``'s output for each batch, in order, moved to the CPU (from every rank)."""
+        module = self._model(model, "predict")
         if (where := self._where()) != "here":
-            return self._elsewhere(where, "predict", module, dataloader, ckpt_path)  # type: ignore[no-any-return]
-        loader = _given_or_module(dataloader, module, "predict")
-        with self._session(module, "predict") as session:
+            return self._elsewhere(where, "predict", module, dataloaders, datamodule, ckpt_path)  # type: ignore[no-any-return]
+        with self._session(module, "predict", datamodule) as session:
+            loader = _needed(dataloaders, datamodule, module, "predict")
             self._load_weights(module, ckpt_path)
             loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
             return predict(self, session, module, loader)
+
+    def _model(self, given: Module | None, call: str) -> Module:
+        if given is not None:
+            return given
+        if self._fitted is None:
+            raise ValueError(f"{call} needs a model: none was given, and this trainer has fitted none")
+        return self._fitted
 
     def save_checkpoint(self, *paths: str | Path) -> None:
         """Write the fit's checkpoint to each of ``paths``: a collective (every rank calls it, with the
@@ -296,22 +328,23 @@ class Trainer:
         self,
         stage: Literal["validate", "test"],
         module: Module,
-        dataloader: DataLoader[Any] | None,
+        dataloaders: DataLoader[Any] | None,
         ckpt_path: str | Path | None,
-    ) -> dict[str, float]:
+        datamodule: DataModule | None,
+    ) -> list[dict[str, float]]:
         if (where := self._where()) != "here":
-            return self._elsewhere(where, stage, module, dataloader, ckpt_path)  # type: ignore[no-any-return]
-        loader = _given_or_module(dataloader, module, stage)
-        with self._session(module, stage) as session:
+            return self._elsewhere(where, stage, module, dataloaders, ckpt_path, datamodule)  # type: ignore[no-any-return]
+        with self._session(module, stage, datamodule) as session:
+            loader = _needed(dataloaders, datamodule, module, stage)
             self._load_weights(module, ckpt_path)
             loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
             metrics = evaluate(self, session, module, loader, stage)
             self.metrics_log.add(self.current_epoch, self.global_step, metrics)
             self.metrics_log.write()
-        return metrics
+        return [metrics]
 
     @contextmanager
-    def _session(self, module: Module, stage: Stage) -> Iterator[Session]:
+    def _session(self, module: Module, stage: Stage, datamodule: DataModule | None) -> Iterator[Session]:
         ranks = Ranks.current() or Ranks()
         expected = self.devices * self.num_nodes
         if ranks.distributed and ranks.world_size != expected:
@@ -335,10 +368,19 @@ class Trainer:
         if self.compile:
             module.compile()
         module._trainer = self
+        self.datamodule = datamodule
+        if datamodule is not None:
+            # Once per machine, its first rank, while the others wait (Lightning's prepare_data).
+            if not ranks.distributed or int(os.environ.get("LOCAL_RANK", "0")) == 0:
+                datamodule.prepare_data()
+            ranks.barrier()
+            datamodule.setup(stage)
         session.hooks.call("setup", self, module, stage)
         try:
             yield session
         finally:
+            if datamodule is not None:
+                datamodule.teardown(stage)
             session.hooks.call("teardown", self, module, stage)
             module._trainer = None
             module._log_sink = None
@@ -485,11 +527,24 @@ def _arranged(
     ]
 
 
-def _given_or_module(loader: DataLoader[Any] | None, module: Module, stage: str) -> DataLoader[Any]:
-    if loader is not None:
-        return loader
+def _loader(
+    given: DataLoader[Any] | None, datamodule: DataModule | None, module: Module, method: str
+) -> DataLoader[Any] | None:
+    """The loader a call was given; else its datamodule's ``method()``; else its model's."""
+    if given is not None:
+        return given
+    for source in (datamodule, module):
+        found: DataLoader[Any] | None = getattr(source, method)() if source is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def _needed(
+    given: DataLoader[Any] | None, datamodule: DataModule | None, module: Module, stage: str
+) -> DataLoader[Any]:
     method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
-    found: DataLoader[Any] | None = getattr(module, method)()
+    found = _loader(given, datamodule, module, method)
     if found is None:
-        raise ValueError(f"{stage} needs a dataloader, or a module whose {method}() returns one")
+        raise ValueError(f"{stage} needs dataloaders, a datamodule or a model whose {method}() returns one")
     return found

@@ -1,0 +1,38 @@
+"""``gl.torch.DataModule``: a dataset's preparation, splits and loaders in one object, as
+Lightning's ``LightningDataModule`` is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+
+class DataModule:
+    """Subclass it: ``prepare_data`` (download, write to disk: once per machine, on its first rank,
+    before the others go on), ``setup(stage)`` (split, build datasets: on every rank), and the
+    ``*_dataloader`` methods. Give it to a Trainer call as ``datamodule=``; the call's own loaders,
+    if given, come first, and the module's ``*_dataloader`` methods last. During the call and after
+    it, ``trainer.datamodule`` is it."""
+
+    def prepare_data(self) -> None:
+        """Once per machine, on its first rank, before ``setup`` runs anywhere on it."""
+
+    def setup(self, stage: str) -> None:
+        """On every rank, before the call's loaders are asked for: ``"fit"``, ``"validate"``,
+        ``"test"`` or ``"predict"``."""
+
+    def teardown(self, stage: str) -> None:
+        """On every rank, after the call ended, even by an exception."""
+
+    def train_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+    def val_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+    def test_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+    def predict_dataloader(self) -> DataLoader[Any] | None:
+        return None
