@@ -8,7 +8,24 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 
-class DataModule:
+class DataHooks:
+    """The loaders a Trainer call takes when it is given none: a datamodule's, else its model's
+    (None: it has none of that kind). Lightning's ``DataHooks``, which both share."""
+
+    def train_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+    def val_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+    def test_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+    def predict_dataloader(self) -> DataLoader[Any] | None:
+        return None
+
+
+class DataModule(DataHooks):
     """Subclass it: ``prepare_data`` (download, write to disk: once per machine, on its first rank,
     before the others go on), ``setup(stage)`` (split, build datasets: on every rank), and the
     ``*_dataloader`` methods. Give it to a Trainer call as ``datamodule=``; the call's own loaders,
@@ -24,15 +41,3 @@ class DataModule:
 
     def teardown(self, stage: str) -> None:
         """On every rank, after the call ended, even by an exception."""
-
-    def train_dataloader(self) -> DataLoader[Any] | None:
-        return None
-
-    def val_dataloader(self) -> DataLoader[Any] | None:
-        return None
-
-    def test_dataloader(self) -> DataLoader[Any] | None:
-        return None
-
-    def predict_dataloader(self) -> DataLoader[Any] | None:
-        return None

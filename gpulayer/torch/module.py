@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
 
+from .data_module import DataHooks
 from .metrics import StageLog
 from .optim import Optimizers
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 
-class Module(torch.nn.Module):
+class Module(DataHooks, torch.nn.Module):
     """Subclass it, build layers in ``__init__`` (after ``super().__init__()``), and define at least
     ``training_step`` and ``configure_optimizers``::
 
@@ -134,20 +134,6 @@ class Module(torch.nn.Module):
     def on_predict_batch_start(self, batch: Any, batch_idx: int) -> None: ...
 
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
-
-    # -- data
-
-    def train_dataloader(self) -> DataLoader[Any] | None:
-        return None
-
-    def val_dataloader(self) -> DataLoader[Any] | None:
-        return None
-
-    def test_dataloader(self) -> DataLoader[Any] | None:
-        return None
-
-    def predict_dataloader(self) -> DataLoader[Any] | None:
-        return None
 
     def log(
         self,
