@@ -9,7 +9,7 @@ from typing import Any
 
 from .archive import Manifest
 from .errors import InvalidJobSpec
-from .models import Distributed, JobSpec, build_spec, validated
+from .models import Distributed, JobSpec, M, build_spec, validated
 from .options import SubmitOptions
 from .requirements import Requirements
 
@@ -33,18 +33,13 @@ _OPTION_NAMES = frozenset(SubmitOptions.model_fields)
 def options_and_needs(
     options: SubmitOptions | None, requirements: Requirements | None, keywords: Mapping[str, Any]
 ) -> tuple[SubmitOptions, Requirements]:
-    """What a submit asked for, checked (:class:`InvalidJobSpec`): its options, given as a
-    :class:`SubmitOptions` or its fields as keywords, and its needs, a :class:`Requirements` or its
-    fields as keywords."""
+    """What a submit asked for, checked (:class:`InvalidJobSpec`): its options and its needs, each
+    given as its model or as its fields among ``keywords``."""
     given = {name: value for name, value in keywords.items() if name in _OPTION_NAMES}
-    if options is None:
-        options = validated(SubmitOptions, given) if given else _NO_OPTIONS
-    elif given:
-        raise InvalidJobSpec(
-            f"invalid job: {', '.join(given)}: give SubmitOptions or its fields as keywords, not both"
-        )
     fields = {name: value for name, value in keywords.items() if name not in _OPTION_NAMES}
-    return options, _needs(requirements, fields)
+    return _model_or_fields(SubmitOptions, options, given, _NO_OPTIONS), _model_or_fields(
+        Requirements, requirements, fields, _NO_NEEDS
+    )
 
 
 def command_spec(
@@ -66,14 +61,15 @@ def command_spec(
     )
 
 
-def _needs(requirements: Requirements | None, fields: Mapping[str, Any]) -> Requirements:
-    """What a submit asked for: a :class:`Requirements`, or its fields as keywords, checked."""
-    if requirements is None:
-        return validated(Requirements, fields) if fields else _NO_NEEDS
+def _model_or_fields(model: type[M], given: M | None, fields: Mapping[str, Any], default: M) -> M:
+    """``given``, or ``model`` made of ``fields`` (``default`` for none), checked; not both."""
+    if given is None:
+        return validated(model, fields) if fields else default
     if fields:
-        given = ", ".join(fields)
-        raise InvalidJobSpec(f"invalid job: {given}: give a Requirements or its fields as keywords, not both")
-    return requirements
+        raise InvalidJobSpec(
+            f"invalid job: {', '.join(fields)}: give a {model.__name__} or its fields as keywords, not both"
+        )
+    return given
 
 
 def no_input_over_the_source(source: Manifest, inputs: Manifest) -> None:

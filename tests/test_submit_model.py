@@ -13,7 +13,7 @@ import click
 import pytest
 
 import gpulayer as gl
-from gpulayer import agents, functions
+from gpulayer import agents, functions, submits
 from gpulayer.cli.app import main, requirement_options
 from gpulayer.models import JobSpec
 from gpulayer.options import CallKeywords, CallOptions, CommandOptions, SubmitKeywords, SubmitOptions
@@ -138,3 +138,22 @@ def test_the_mcp_submit_tools_take_the_model(remote: bool) -> None:
     assert set(schema["properties"]) == {"command", "requirements", "options", *files}
     [options, _] = schema["properties"]["options"]["anyOf"]
     assert options == SubmitOptions.model_json_schema()
+
+
+def test_options_and_requirements_come_as_their_model_or_as_keywords_not_both() -> None:
+    options, needs = submits.options_and_needs(None, None, {"retries": 0, "gpus": 1})
+    assert (options.retries, needs.gpus) == (0, 1)
+    given = SubmitOptions(priority=5)
+    assert submits.options_and_needs(given, None, {})[0] is given
+    for model, keywords, message in (
+        (
+            SubmitOptions(),
+            {"retries": 0},
+            "retries: give a SubmitOptions or its fields as keywords, not both",
+        ),
+        (Requirements(), {"gpus": 1}, "gpus: give a Requirements or its fields as keywords, not both"),
+    ):
+        options_given = model if isinstance(model, SubmitOptions) else None
+        needs_given = model if isinstance(model, Requirements) else None
+        with pytest.raises(gl.InvalidJobSpec, match=f"^invalid job: {message}$"):
+            submits.options_and_needs(options_given, needs_given, keywords)
