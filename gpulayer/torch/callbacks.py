@@ -139,17 +139,11 @@ class Hooks:
     and the module, ``monitoring_epoch_end`` the rest, run once what the module logged is counted."""
 
     def __init__(self, callbacks: Sequence[Callback], module: Module) -> None:
-        self.by_name: dict[str, list[Callable[..., None]]] = {
-            name: [getattr(callback, name) for callback in callbacks if _overrides(callback, Callback, name)]
-            for name in HOOKS
-        }
-        self.monitoring_epoch_end = [
-            callback.on_train_epoch_end
-            for callback in callbacks
-            if callback.monitoring and _overrides(callback, Callback, "on_train_epoch_end")
-        ]
-        epoch_end = self.by_name["on_train_epoch_end"]
-        epoch_end[:] = [hook for hook in epoch_end if hook not in self.monitoring_epoch_end]
+        self.by_name = {name: _overriding(callbacks, name) for name in HOOKS}
+        self.by_name["on_train_epoch_end"] = _overriding(
+            [c for c in callbacks if not c.monitoring], "on_train_epoch_end"
+        )
+        self.monitoring_epoch_end = _overriding([c for c in callbacks if c.monitoring], "on_train_epoch_end")
         for name in HOOKS:
             if _overrides(module, Module, name):
                 self.by_name[name].append(_of_module(getattr(module, name)))
@@ -157,6 +151,11 @@ class Hooks:
     def call(self, name: str, *args: Any) -> None:
         for hook in self.by_name[name]:
             hook(*args)
+
+
+def _overriding(callbacks: Sequence[Callback], name: str) -> list[Callable[..., None]]:
+    """The hook ``name`` of each of ``callbacks`` that overrides it."""
+    return [getattr(callback, name) for callback in callbacks if _overrides(callback, Callback, name)]
 
 
 def _overrides(owner: object, base: type, name: str) -> bool:
