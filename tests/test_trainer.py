@@ -51,7 +51,7 @@ class Regression(gl.torch.Module):
         out = self(x)
         self.autocast_dtypes.add(out.dtype)
         loss = torch.nn.functional.mse_loss(out.float(), y)
-        self.log("train_loss", loss)
+        self.log("train_loss", loss, on_step=False, on_epoch=True)
         return loss
 
     def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> None:
@@ -315,7 +315,13 @@ def test_two_ranks_reach_the_loss_one_process_reaches_on_the_same_data(tmp_path:
     assert (run.current_epoch, run.global_step) == (3, 24)
     # Rank 0 wrote the run's files, and nothing else did.
     files = sorted(str(path.relative_to(tmp_path / "two")) for path in (tmp_path / "two").rglob("*"))
-    assert files == ["checkpoints", "checkpoints/last.ckpt", "metrics.csv", "metrics.json"]
+    assert files == [
+        "checkpoints",
+        "checkpoints/epoch=2-step=24.ckpt",
+        "checkpoints/last.ckpt",
+        "metrics.csv",
+        "metrics.json",
+    ]
 
 
 def test_num_nodes_runs_the_fit_as_a_gang_job_and_brings_its_run_folder_back(
@@ -338,7 +344,13 @@ def test_num_nodes_runs_the_fit_as_a_gang_job_and_brings_its_run_folder_back(
     assert torch.allclose(weights(gang), weights(local), atol=1e-6)
     assert (run.current_epoch, run.global_step) == (2, 16)
     files = sorted(str(path.relative_to(tmp_path / "gang")) for path in (tmp_path / "gang").rglob("*"))
-    assert files == ["checkpoints", "checkpoints/last.ckpt", "metrics.csv", "metrics.json"]
+    assert files == [
+        "checkpoints",
+        "checkpoints/epoch=1-step=16.ckpt",
+        "checkpoints/last.ckpt",
+        "metrics.csv",
+        "metrics.json",
+    ]
     assert len(epoch_rows(tmp_path / "gang")) == 2
     (job,) = client.jobs()
     assert job.state is gl.JobState.SUCCEEDED

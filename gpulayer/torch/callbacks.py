@@ -214,7 +214,7 @@ class EarlyStopping(Callback):
         self.best, self.wait, self.stopped_epoch = state["best"], state["wait"], state["stopped_epoch"]
 
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
-        value = trainer.epoch_metrics.get(self.monitor)
+        value = trainer.monitored(self.monitor)
         if value is None:
             self._warned = self._warned or _warn_missing(self, self.monitor, trainer)
             return
@@ -318,7 +318,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
         if self.every_n_epochs and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
-            self._save(trainer, trainer.epoch_metrics)
+            self._save(trainer, {**trainer.step_metrics, **trainer.epoch_metrics}, at_epoch_end=True)
 
     def on_train_batch_end(
         self, trainer: Trainer, module: Module, outputs: Any, batch: Any, batch_idx: int
@@ -333,10 +333,13 @@ class ModelCheckpoint(Callback):
         if self.save_last:
             trainer.save_checkpoint(self.last_path)
 
-    def _save(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+    def _save(self, trainer: Trainer, metrics: dict[str, float], at_epoch_end: bool = False) -> None:
         self._saved_step = trainer.global_step
         paths, dropped = [], []
-        score = metrics.get(self.monitor) if self.monitor else float(trainer.global_step)
+        if not self.monitor:
+            score: float | None = float(trainer.global_step)
+        else:
+            score = trainer.monitored(self.monitor) if at_epoch_end else metrics.get(self.monitor)
         if score is None:
             self._warned = self._warned or _warn_missing(self, str(self.monitor), trainer)
         elif self.save_top_k:

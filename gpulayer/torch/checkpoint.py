@@ -51,6 +51,32 @@ def load(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
+def load_weights(path: Path) -> dict[str, Any]:
+    """A checkpoint's ``state_dict`` and ``hyper_parameters``, of ``gl.torch`` or of Lightning (whose
+    files hold both under the same names), read without running code."""
+    found: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(found.get("state_dict"), dict):
+        raise ValueError(f"{path} holds no state_dict: not a checkpoint of gl.torch or Lightning")
+    return found
+
+
+def storable(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Of ``values``, those a checkpoint can hold and load back without running code (numbers,
+    strings, tensors, and lists, tuples and dicts of them); and the names of the rest."""
+    kept = {name: value for name, value in values.items() if _plain(value)}
+    return kept, [name for name in values if name not in kept]
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str | torch.Tensor):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str | int) and _plain(item) for key, item in value.items())
+    return False
+
+
 def rng_state() -> dict[str, Any]:
     """This process's random number generators: torch's (CPU and, once used, CUDA), Python's and,
     if the program imported it, NumPy's."""

@@ -15,9 +15,10 @@ from torch.utils.data import DataLoader
 from . import data
 from .callbacks import Hooks
 from .checkpoint import restore_rng, rng_state
+from .manual import ManualOptimizer
 from .metrics import StageLog
 from .module import Module
-from .optim import Optimization
+from .optim import Optimization, clip_gradients
 from .precision import Precision
 from .ranks import Ranks
 
@@ -74,7 +75,10 @@ class FitLoop:
             if val is not None
             else None
         )
-        self.sink = StageLog(training=True)
+        self.sink = StageLog(training=True, ranks=ranks, device=session.device)
+        #: The module steps its optimizers itself (``automatic_optimization = False``).
+        self.manual = not module.automatic_optimization
+        self.manual_optimizers = [ManualOptimizer(self, optimizer) for optimizer in optim.optimizers]
         self.batches_done = 0  # of the current epoch
         self.epoch_finished = False
         self.accumulated = False  # gradients are waiting for the rest of their accumulation
@@ -106,8 +110,7 @@ class FitLoop:
             "global_step": trainer.global_step,
             "should_stop": trainer.should_stop,
             "seed": self.seed,
-            "optimizer": optim.optimizer.state_dict(),
-            "scheduler": optim.scheduler.state_dict() if optim.scheduler is not None else None,
+            **optim.state(),
             "scaler": scaler.state_dict() if scaler is not None else None,
         }
 
@@ -118,9 +121,7 @@ class FitLoop:
     def restore(self, checkpoint: dict[str, Any]) -> None:
         trainer, optim = self.trainer, self.optim
         self.module.load_state_dict(checkpoint["state_dict"])
-        optim.optimizer.load_state_dict(checkpoint["optimizer"])
-        if optim.scheduler is not None and checkpoint["scheduler"] is not None:
-            optim.scheduler.load_state_dict(checkpoint["scheduler"])
+        optim.restore(checkpoint)
         scaler = self.scaler
         if scaler is not None and checkpoint["scaler"] is not None:
             scaler.load_state_dict(checkpoint["scaler"])
@@ -138,7 +139,7 @@ class FitLoop:
 
     def run(self) -> None:
         session = self.session
-        if session.ranks.distributed:
+        if session.ranks.distributed and not self.manual:  # manual: ManualOptimizer averages gradients
             device_ids = [session.device.index] if session.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(_TrainingStep(self.module), device_ids=device_ids)
             self.step = self.ddp
@@ -171,7 +172,9 @@ class FitLoop:
         self.session.hooks.call("on_train_epoch_start", trainer, module)
         module.train()
         module._log_sink = self.sink
+        self.sink.in_batches = True
         self.batches(first, to_draw, total)
+        self.sink.in_batches = False
         self.end_epoch()
 
     def batches(self, first: int, to_draw: int, total: int | None) -> None:
@@ -198,18 +201,13 @@ class FitLoop:
             sink.step_due = (batch_idx + 1) % log_every == 0
             for hook in batch_start:
                 hook(trainer, module, batch, batch_idx)
-            boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
-            if self.ddp is not None and not boundary:
-                # Gradients stay local until the accumulation's last micro-batch: one all-reduce.
-                with self.ddp.no_sync():
-                    output = self.forward_backward(batch, batch_idx, accumulate)
+            if self.manual:  # the module steps its optimizers itself
+                output = self.forward(batch, batch_idx)
             else:
-                output = self.forward_backward(batch, batch_idx, accumulate)
-            self.accumulated = not boundary
-            if boundary:
-                self.optimizer_step()
+                output = self.automatic(batch, batch_idx, accumulate, total)
             self.batches_done = batch_idx + 1
             if sink.step:
+                trainer.metrics_log.hidden |= sink.hidden
                 trainer.callback_metrics.update(sink.step)
                 trainer.metrics_log.add(trainer.current_epoch, trainer.global_step, sink.step)
                 sink.step = {}
@@ -221,12 +219,28 @@ class FitLoop:
                 return
         self.epoch_finished = True
 
-    def forward_backward(self, batch: Any, batch_idx: int, accumulate: int) -> Any:
+    def automatic(self, batch: Any, batch_idx: int, accumulate: int, total: int | None) -> Any:
+        """One batch's forward and backward, and the optimizer step at an accumulation's end."""
+        boundary = (batch_idx + 1) % accumulate == 0 or batch_idx + 1 == total
+        if self.ddp is not None and not boundary:
+            # Gradients stay local until the accumulation's last micro-batch: one all-reduce.
+            with self.ddp.no_sync():
+                output = self.forward_backward(batch, batch_idx, accumulate)
+        else:
+            output = self.forward_backward(batch, batch_idx, accumulate)
+        self.accumulated = not boundary
+        if boundary:
+            self.optimizer_step()
+        return output
+
+    def forward(self, batch: Any, batch_idx: int) -> Any:
         if self.in_context:
             with self.session.precision.autocast():
-                output = self.step(batch, batch_idx)
-        else:
-            output = self.step(batch, batch_idx)
+                return self.step(batch, batch_idx)
+        return self.step(batch, batch_idx)
+
+    def forward_backward(self, batch: Any, batch_idx: int, accumulate: int) -> Any:
+        output = self.forward(batch, batch_idx)
         loss = output if isinstance(output, torch.Tensor) else _loss_of(output)
         if accumulate > 1:
             loss = loss / accumulate
@@ -248,12 +262,9 @@ class FitLoop:
         trainer, optim = self.trainer, self.optim
         optimizer, scaler = optim.optimizer, self.scaler
         if trainer.gradient_clip_val is not None:
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if trainer.gradient_clip_algorithm == "value":
-                torch.nn.utils.clip_grad_value_(self.parameters, trainer.gradient_clip_val)
-            else:
-                torch.nn.utils.clip_grad_norm_(self.parameters, trainer.gradient_clip_val)
+            clip_gradients(
+                optimizer, self.parameters, trainer.gradient_clip_val, trainer.gradient_clip_algorithm, scaler
+            )
         for hook in self.before_optimizer_step:
             hook(trainer, self.module, optimizer)
         if scaler is not None:
@@ -270,10 +281,15 @@ class FitLoop:
         trainer, module, session = self.trainer, self.module, self.session
         if self.accumulated:  # a loader with no length ended part-way through an accumulation
             self.optimizer_step()
-        means = self.sink.epoch.reduce(session.ranks, session.device)
-        trainer.prog_bar_metrics |= self.sink.prog_bar
+        sink = self.sink
+        means = sink.epoch.reduce(session.ranks, session.device)
+        trainer.prog_bar_metrics |= sink.prog_bar
+        trainer.metrics_log.hidden |= sink.hidden
         trainer.epoch_metrics.update(means)
+        trainer.step_metrics = sink.take_latest()
+        trainer.callback_metrics.update(trainer.step_metrics)
         trainer.callback_metrics.update(means)
+        trainer.callback_metrics.update(sink.aliases(means))
         stopping = trainer.max_steps is not None and trainer.global_step >= trainer.max_steps
         due = (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch == 0
         if self.val is not None and ((self.epoch_finished and due) or stopping):
@@ -290,9 +306,12 @@ class FitLoop:
         hooks.call("on_train_epoch_end", trainer, module)
         if hooks.by_name["on_train_epoch_end"]:  # on every rank alike: the same callbacks and module
             # What they logged counts in the epoch's metrics, before the callbacks that monitor one.
-            late = self.sink.epoch.reduce(session.ranks, session.device)
-            for metrics in (trainer.epoch_metrics, trainer.callback_metrics, log.current):
+            late = sink.epoch.reduce(session.ranks, session.device)
+            log.hidden |= sink.hidden
+            for metrics in (trainer.epoch_metrics, trainer.callback_metrics):
                 metrics.update(late)
+            log.current.update((name, value) for name, value in late.items() if name not in log.hidden)
+            trainer.callback_metrics.update(sink.aliases(late))
         for hook in hooks.monitoring_epoch_end:
             hook(trainer, module)
         log.current = None
@@ -347,7 +366,7 @@ def evaluate(
     also in ``trainer.epoch_metrics`` when ``of_epoch``."""
     hook = "validation" if stage == "validate" else "test"
     step = module.validation_step if stage == "validate" else module.test_step
-    sink = StageLog(training=False)
+    sink = StageLog(training=False, ranks=session.ranks, device=session.device)
     previous, module._log_sink = module._log_sink, sink
     training = module.training
     module.eval()
@@ -371,9 +390,11 @@ def evaluate(
     module.train(training)
     module._log_sink = previous
     trainer.prog_bar_metrics |= sink.prog_bar
+    trainer.metrics_log.hidden |= sink.hidden
     if of_epoch:
         trainer.epoch_metrics.update(metrics)
     trainer.callback_metrics.update(metrics)
+    trainer.callback_metrics.update(sink.aliases(metrics))
     hooks.call(f"on_{hook}_end", trainer, module)
     return metrics
 

@@ -1,9 +1,9 @@
 """What ``Module.log`` records, reduced over ranks, and rank 0's ``metrics.json`` and ``metrics.csv``.
 
 A value logged ``on_epoch`` is kept on its device, unread, until the epoch ends: then every rank's
-weighted sums are added up in one collective and divided, so the epoch's value is the mean over
-every sample any rank saw. A value logged ``on_step`` is read (a host sync) only on the steps
-that are due, every ``log_every_n_steps``, and is this rank's own.
+sums (or extremes) are combined in one collective per kind, so the epoch's mean is the mean over
+every sample any rank saw. A value logged ``on_step`` is read (a host sync) only on the steps that
+are due, every ``log_every_n_steps``, and is this rank's own unless logged with ``sync_dist``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 
@@ -24,28 +27,51 @@ from .ranks import Ranks
 FOLD_EVERY = 1024
 
 Row = dict[str, float | int]
+#: How an epoch's values of one metric become one: Lightning's ``reduce_fx``.
+Reduce = Literal["mean", "sum", "max", "min"]
+_REDUCE_CALLABLES: dict[Callable[..., Any], Reduce] = {
+    torch.mean: "mean",
+    torch.sum: "sum",
+    torch.max: "max",
+    torch.min: "min",
+}
 
 
-class Mean:
-    """A weighted mean of values that may live on a device, read only at the end."""
+def reduce_kind(reduce_fx: str | Callable[..., Any]) -> Reduce:
+    """``"mean"``, ``"sum"``, ``"max"`` or ``"min"``, given as a name or as ``torch.mean`` & co."""
+    kind = _REDUCE_CALLABLES.get(reduce_fx) if callable(reduce_fx) else reduce_fx
+    if kind not in ("mean", "sum", "max", "min"):
+        raise ValueError(f"reduce_fx must be mean, sum, max or min (or torch's of those), not {reduce_fx!r}")
+    return cast(Reduce, kind)
 
-    __slots__ = ("float_sum", "queued", "sum", "weight", "weights")
 
-    def __init__(self) -> None:
+class Metric:
+    """One metric's values over an epoch, combined as its ``kind`` says: a weighted mean, a sum or
+    an extreme. Values that live on a device stay there, unread, until the end."""
+
+    __slots__ = ("float_value", "kind", "queued", "value", "weight", "weights")
+
+    def __init__(self, kind: Reduce = "mean") -> None:
+        self.kind: Reduce = kind
         self.queued: list[torch.Tensor] = []
         self.weights: list[int] = []
-        self.sum: torch.Tensor | None = None
-        self.float_sum = 0.0
+        self.value: torch.Tensor | None = None
+        # The extremes start where any value replaces them; sums at zero.
+        self.float_value = {"max": -math.inf, "min": math.inf}.get(kind, 0.0)
         self.weight = 0
 
     def add(self, value: torch.Tensor | float, weight: int) -> None:
+        if self.kind != "mean":
+            weight = 1  # a sum or an extreme counts each value once
         if isinstance(value, torch.Tensor):
             self.queued.append(value.detach())
             self.weights.append(weight)
             if len(self.queued) >= FOLD_EVERY:
                 self.fold()
+        elif self.kind in ("mean", "sum"):
+            self.float_value += float(value) * weight
         else:
-            self.float_sum += float(value) * weight
+            self.float_value = (max if self.kind == "max" else min)(self.float_value, float(value))
         self.weight += weight
 
     def fold(self) -> None:
@@ -55,102 +81,192 @@ class Mean:
             values = torch.stack(self.queued).float().reshape(-1)
         except RuntimeError:
             values = torch.stack([value.float().reshape(()) for value in self.queued])
-        weights = torch.tensor(self.weights, dtype=values.dtype, device=values.device)
-        folded = (values * weights).sum()
-        self.sum = folded if self.sum is None else self.sum + folded
+        if self.kind in ("mean", "sum"):
+            weights = torch.tensor(self.weights, dtype=values.dtype, device=values.device)
+            folded = (values * weights).sum()
+            self.value = folded if self.value is None else self.value + folded
+        else:
+            folded = values.amax() if self.kind == "max" else values.amin()
+            combine = torch.maximum if self.kind == "max" else torch.minimum
+            self.value = folded if self.value is None else combine(self.value, folded)
         self.queued.clear()
         self.weights.clear()
 
     def total(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """The weighted sum, as a tensor on ``device``."""
+        """The weighted sum (or the extreme), as a tensor on ``device``."""
         self.fold()
-        total = torch.tensor(self.float_sum, dtype=dtype, device=device)
-        if self.sum is not None:
-            total = total + self.sum.to(device=device, dtype=dtype)
-        return total
+        total = torch.tensor(self.float_value, dtype=dtype, device=device)
+        if self.value is None:
+            return total
+        value = self.value.to(device=device, dtype=dtype)
+        if self.kind in ("mean", "sum"):
+            return total + value
+        return torch.maximum(total, value) if self.kind == "max" else torch.minimum(total, value)
 
 
 class EpochMeans:
     """Every ``on_epoch`` value one stage logged this epoch, by name."""
 
     def __init__(self) -> None:
-        self.means: dict[str, Mean] = {}
+        self.means: dict[str, Metric] = {}
 
-    def add(self, name: str, value: torch.Tensor | float, weight: int) -> None:
-        mean = self.means.get(name)
-        if mean is None:
-            mean = self.means[name] = Mean()
-        mean.add(value, weight)
+    def add(self, name: str, value: torch.Tensor | float, weight: int, kind: Reduce = "mean") -> None:
+        metric = self.means.get(name)
+        if metric is None:
+            metric = self.means[name] = Metric(kind)
+        metric.add(value, weight)
 
     def reduce(self, ranks: Ranks, device: torch.device) -> dict[str, float]:
-        """The means over every rank's samples; a collective every rank must call, and then reset.
+        """The values over every rank's samples; a collective every rank must call, and then reset.
 
         Ranks may have logged different names (a metric logged only on some batches), so the names
-        are agreed first; a rank that lacks one adds zero to both its sum and its weight.
+        are agreed first; a rank that lacks one adds nothing to it. Sums and weights travel in one
+        all-reduce; extremes (``max``, ``min``: as a max of negated values) in a second, if any.
         """
-        names = sorted(self.means)
+        kinds = {name: metric.kind for name, metric in self.means.items()}
         if ranks.distributed:
-            names = sorted(set().union(*ranks.gather(names)))
-        if not names:
+            kinds = {name: kind for part in ranks.gather(kinds) for name, kind in part.items()}
+        if not kinds:
             return {}
+        names = sorted(kinds)
         dtype = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-        zero = torch.zeros((), dtype=dtype, device=device)
-        sums = [self.means[name].total(device, dtype) if name in self.means else zero for name in names]
+        summed = [name for name in names if kinds[name] in ("mean", "sum")]
+        extreme = [name for name in names if kinds[name] in ("max", "min")]
+        totals = {name: self._total(name, kinds[name], device, dtype) for name in names}
         weights = [float(self.means[name].weight) if name in self.means else 0.0 for name in names]
-        packed = torch.cat([torch.stack(sums), torch.tensor(weights, dtype=dtype, device=device)])
-        ranks.sum(packed)
-        values = packed.tolist()
-        count = len(names)
+        parts = [totals[name].reshape(1) for name in summed]
+        packed = ranks.sum(torch.cat([*parts, torch.tensor(weights, dtype=dtype, device=device)])).tolist()
+        values = dict(zip(summed, packed, strict=False))
+        weight = dict(zip(names, packed[len(summed) :], strict=True))
+        if extreme:
+            signed = torch.stack([totals[name] * (1 if kinds[name] == "max" else -1) for name in extreme])
+            ranks.max(signed)
+            for name, value in zip(extreme, signed.tolist(), strict=True):
+                values[name] = value if kinds[name] == "max" else -value
         self.means.clear()
-        return {name: values[i] / values[count + i] for i, name in enumerate(names) if values[count + i]}
+        return {
+            name: values[name] / weight[name] if kinds[name] == "mean" else values[name]
+            for name in names
+            if weight[name]
+        }
 
-    def state(self) -> dict[str, tuple[float, int]]:
+    def _total(self, name: str, kind: Reduce, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's part of ``name``: what it logged, or what leaves the others' as they are."""
+        metric = self.means.get(name)
+        if metric is not None:
+            return metric.total(device, dtype)
+        return torch.tensor(Metric(kind).float_value, dtype=dtype, device=device)
+
+    def state(self) -> dict[str, tuple[float, int, str]]:
         """This rank's sums and weights so far (for a checkpoint taken part-way through an epoch)."""
         cpu = torch.device("cpu")
         return {
-            name: (float(mean.total(cpu, torch.float64)), mean.weight) for name, mean in self.means.items()
+            name: (float(metric.total(cpu, torch.float64)), metric.weight, metric.kind)
+            for name, metric in self.means.items()
         }
 
-    def load_state(self, state: dict[str, tuple[float, int]]) -> None:
+    def load_state(self, state: dict[str, tuple[Any, ...]]) -> None:
         self.means.clear()
-        for name, (total, weight) in state.items():
-            mean = self.means[name] = Mean()
-            mean.float_sum, mean.weight = total, weight
+        for name, (total, weight, *kind) in state.items():
+            metric = self.means[name] = Metric(kind[0] if kind else "mean")  # older checkpoints: means
+            metric.float_value, metric.weight = total, weight
 
 
 class StageLog:
     """Where ``Module.log`` sends values while the Trainer runs one stage (train, validate, test)."""
 
-    __slots__ = ("batch", "epoch", "prog_bar", "step", "step_due", "training")
+    __slots__ = (
+        "batch", "device", "epoch", "forked", "hidden", "in_batches", "latest", "prog_bar", "ranks", "step",
+        "step_due", "training", "warned",
+    )  # fmt: skip
 
-    def __init__(self, training: bool) -> None:
+    def __init__(
+        self, training: bool, ranks: Ranks | None = None, device: torch.device | None = None
+    ) -> None:
         self.training = training
+        self.ranks = ranks or Ranks()
+        self.device = device or torch.device("cpu")
         self.epoch = EpochMeans()
         self.step: dict[str, float] = {}
         self.step_due = False
+        #: Whether a training epoch's batches run (Lightning's defaults differ there from elsewhere).
+        self.in_batches = False
+        #: This epoch's last ``on_step`` value of each metric, unread until the epoch ends.
+        self.latest: dict[str, torch.Tensor | float] = {}
         self.prog_bar: set[str] = set()
+        #: Names logged with ``logger=False``: the callbacks see them, the metrics rows do not.
+        self.hidden: set[str] = set()
+        #: Names logged both per step and per epoch (``<name>_step``, ``<name>_epoch``).
+        self.forked: set[str] = set()
+        self.warned: set[str] = set()
         self.batch: Any = None
 
     def log(
         self,
         name: str,
         value: torch.Tensor | float,
-        on_step: bool,
-        on_epoch: bool,
+        on_step: bool | None,
+        on_epoch: bool | None,
         prog_bar: bool,
         weight: int | None,
+        reduce: Reduce = "mean",
+        sync_dist: bool = False,
+        logger: bool = True,
     ) -> None:
+        # Lightning's defaults: a value per step inside a training batch, a value per epoch elsewhere.
+        per_batch = self.training and self.in_batches
+        on_step = per_batch if on_step is None else on_step
+        on_epoch = (not per_batch) if on_epoch is None else on_epoch
         epoch_name = step_name = name
         if on_step and on_epoch:
             epoch_name, step_name = f"{name}_epoch", f"{name}_step"
+            self.forked.add(name)
         if on_epoch:
-            self.epoch.add(epoch_name, value, weight if weight is not None else batch_size(self.batch))
-        # Step values exist in training only, and are read only on the steps that are due.
-        if on_step and self.training and self.step_due:
-            # Detached: a loss still in its graph is read as a number, without torch's warning.
-            self.step[step_name] = float(value.detach() if isinstance(value, torch.Tensor) else value)
+            weight = weight if weight is not None else batch_size(self.batch)
+            self.epoch.add(epoch_name, value, weight, reduce)
+        if on_step and not per_batch and name not in self.warned:
+            self.warned.add(name)
+            warnings.warn(
+                f"log({name!r}, on_step=True) outside a training batch: gl.torch records values per step "
+                "only in training_step and the training batch hooks; here, per epoch (on_epoch=True)",
+                stacklevel=3,
+            )
+        if on_step and per_batch:
+            # Detached: nothing keeps the step's graph alive, and a loss is read without torch's warning.
+            kept = value.detach() if isinstance(value, torch.Tensor) else value
+            self.latest[step_name] = kept
+            if step_name != name:
+                self.latest[name] = kept
+            if self.step_due:  # read only on the steps that are due
+                self.step[step_name] = self._synced(kept, reduce) if sync_dist else float(kept)
         if prog_bar:
             self.prog_bar.add(epoch_name if on_epoch else step_name)
+        if not logger:
+            self.hidden.update((epoch_name, step_name))
+
+    def _synced(self, value: torch.Tensor | float, reduce: Reduce) -> float:
+        """A step value over every rank (``sync_dist``): a collective that every rank logging it joins."""
+        ranks = self.ranks
+        if not ranks.distributed:
+            return float(value)
+        dtype = torch.float32 if self.device.type == "mps" else torch.float64
+        tensor = torch.as_tensor(value).to(device=self.device, dtype=dtype).reshape(1)
+        if reduce in ("mean", "sum"):
+            ranks.sum(tensor)
+            return float(tensor.item()) / (ranks.world_size if reduce == "mean" else 1)
+        signed = tensor if reduce == "max" else -tensor
+        ranks.max(signed)
+        return float(signed.item()) * (1 if reduce == "max" else -1)
+
+    def aliases(self, means: dict[str, float]) -> dict[str, float]:
+        """Each forked name's epoch value under its own name too, as Lightning's callback metrics hold it."""
+        return {name: means[f"{name}_epoch"] for name in self.forked if f"{name}_epoch" in means}
+
+    def take_latest(self) -> dict[str, float]:
+        """The epoch's last ``on_step`` values (one host sync each), and forget them."""
+        latest = {name: float(value) for name, value in self.latest.items()}
+        self.latest.clear()
+        return latest
 
 
 class MetricsLog:
@@ -170,6 +286,8 @@ class MetricsLog:
         self.pending: Row = {}
         #: ...or for this one, while the epoch's end hooks run.
         self.current: Row | None = None
+        #: Names logged with ``logger=False``: left out of the rows.
+        self.hidden: set[str] = set()
 
     @classmethod
     def existing(cls, folder: Path | None) -> MetricsLog:
@@ -183,7 +301,9 @@ class MetricsLog:
         return cls(folder, rows)
 
     def add(self, epoch: int, step: int, values: dict[str, float], epoch_end: bool = False) -> Row:
-        row: Row = {"epoch": epoch, "step": step, **values}
+        hidden = self.hidden
+        row: Row = {"epoch": epoch, "step": step}
+        row.update((name, value) for name, value in values.items() if name not in hidden)
         if epoch_end:
             row.update(self.pending)
             self.pending = {}

@@ -83,6 +83,12 @@ class Ranks:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def max(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor``'s elementwise maximum over ranks, in place."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor
+
     def any(self, flag: bool, device: torch.device) -> bool:
         """Whether ``flag`` is true on any rank."""
         if not self.distributed:

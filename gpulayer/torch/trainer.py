@@ -66,8 +66,9 @@ class Trainer:
     By default, in a GPUlayer command job, the job's checkpoint folder (``GPULAYER_CHECKPOINT_DIR``:
     kept in Redis as it changes, and given back to a retry on any worker); else
     ``./gpulayer_runs/default``.
-    Only rank 0 writes there. Unless ``enable_checkpointing=False``, a :class:`ModelCheckpoint`
-    that writes only ``checkpoints/last.ckpt``, after every epoch, is added when none is given.
+    Only rank 0 writes there. Unless ``enable_checkpointing=False``, a :class:`ModelCheckpoint` is
+    added when none is given: after every epoch it writes ``checkpoints/last.ckpt`` and keeps the
+    latest epoch's checkpoint as the best (as Lightning's default).
 
     ``resume``: ``"auto"`` makes ``fit`` continue from the run folder's ``last.ckpt`` when there is
     one (a rerun, or a GPUlayer job retried after its worker was lost, whose run folder survived),
@@ -133,6 +134,8 @@ class Trainer:
         self.callback_metrics: dict[str, float] = {}
         #: This epoch's means (training, then validation); in validate and test, that stage's.
         self.epoch_metrics: dict[str, float] = {}
+        #: This epoch's last value of each metric logged per step (``on_step``), as of the epoch's end.
+        self.step_metrics: dict[str, float] = {}
         self.prog_bar_metrics: set[str] = set()
         self.num_training_batches: int | None = None
         self.stage: Stage | None = None
@@ -145,10 +148,13 @@ class Trainer:
         self._fitted: Module | None = None
         #: The ``datamodule`` of the current (or last) call, if it had one.
         self.datamodule: DataModule | None = None
+        #: What the last fit's rank 0 would have saved at its end, when it ran in ranks started here.
+        self._last_checkpoint: dict[str, Any] | None = None
+        self._warned_hparams = False
 
     def __getstate__(self) -> dict[str, Any]:
         # What a gang job is submitted with (a client among it) stays with the caller: ranks get none.
-        return {**self.__dict__, "job_options": {}, "_fitted": None}
+        return {**self.__dict__, "job_options": {}, "_fitted": None, "_fit": None, "_last_checkpoint": None}
 
     def __repr__(self) -> str:
         return f"Trainer(devices={self.devices}, num_nodes={self.num_nodes}, run_dir={str(self.run_dir)!r})"
@@ -190,6 +196,15 @@ class Trainer:
         if self._metrics is None:
             self._metrics = MetricsLog.existing(self.run_dir if self.is_global_zero else None)
         return self._metrics
+
+    def monitored(self, name: str) -> float | None:
+        """``name``'s value for a callback deciding by it at an epoch's end: the epoch's (of a metric
+        logged per step and per epoch, its ``_epoch`` value), else its last step's this epoch; None
+        when this epoch logged none (an epoch that skipped validation)."""
+        for found in (self.epoch_metrics.get(name), self.epoch_metrics.get(f"{name}_epoch")):
+            if found is not None:
+                return found
+        return self.step_metrics.get(name)
 
     def log_value(self, name: str, value: float) -> None:
         """Record ``value`` in this epoch's row of the metrics (for callbacks; steps use ``Module.log``)."""
@@ -272,31 +287,57 @@ class Trainer:
         return self._fitted
 
     def save_checkpoint(self, *paths: str | Path) -> None:
-        """Write the fit's checkpoint to each of ``paths``: a collective (every rank calls it, with the
-        same paths, at the same point), since it gathers each rank's RNG state; only rank 0 writes."""
-        loop = self._fit
-        if loop is None:
-            raise RuntimeError("save_checkpoint works during fit (from a callback)")
+        """Write the fit's checkpoint to each of ``paths``, during ``fit`` (from a callback) or after
+        it. In a fit's ranks it is a collective (every rank calls it, with the same paths, at the
+        same point), since it gathers each rank's RNG state; only rank 0 writes. After ranks this
+        trainer started, it writes what their rank 0 held at the fit's end."""
+        targets = [Path(path) for path in paths]
+        if self._fit is None:
+            if self._last_checkpoint is None:
+                raise RuntimeError("save_checkpoint needs a fit: this trainer has run none")
+            checkpoint.save(self._last_checkpoint, targets)
+            return
+        state = self._checkpoint_state(self._fit)
+        if state is not None:
+            checkpoint.save(state, targets)
+
+    def _checkpoint_state(self, loop: FitLoop) -> dict[str, Any] | None:
+        """What a checkpoint of ``loop`` holds, on rank 0 (None on the others); a collective."""
         per_rank = self._ranks.gather(loop.rank_state())
         if not self.is_global_zero:
-            return
-        state = {
+            return None
+        hyper_parameters, left_out = checkpoint.storable(dict(loop.module.hparams))
+        if left_out and not self._warned_hparams:
+            self._warned_hparams = True
+            warnings.warn(
+                f"hyperparameters {', '.join(left_out)} are not plain values (numbers, strings, tensors, "
+                "lists, dicts): checkpoints leave them out; give them to load_from_checkpoint, or "
+                "save_hyperparameters(ignore=[...])",
+                stacklevel=3,
+            )
+        return {
             "format": checkpoint.FORMAT,
             **loop.state(),
             "state_dict": loop.module.state_dict(),
+            "hyper_parameters": hyper_parameters,
             "callbacks": {callback.state_key: callback.state_dict() for callback in self.callbacks},
             "ranks": per_rank,
             "metrics": self.metrics_log.rows,
             "callback_metrics": self.callback_metrics,
         }
-        checkpoint.save(state, [Path(path) for path in paths])
 
     # -- in this process, as one rank
 
     def _run_fit(
         self, session: Session, module: Module, train: DataLoader[Any], val: DataLoader[Any] | None
     ) -> None:
-        optim = Optimization.parse(module.configure_optimizers())
+        manual = not module.automatic_optimization
+        if manual and (self.accumulate_grad_batches > 1 or self.gradient_clip_val is not None):
+            raise ValueError(
+                "with automatic_optimization = False, accumulate and clip in training_step "
+                "(self.clip_gradients), not with accumulate_grad_batches or gradient_clip_val"
+            )
+        optim = Optimization.parse(module.configure_optimizers(), manual=manual)
         ranks = session.ranks
         path = self._resume_path() if ranks.is_zero else None
         found = ranks.from_zero(checkpoint.load(path) if path is not None else None)
@@ -314,15 +355,13 @@ class Trainer:
                 if callback.state_key in found["callbacks"]:
                     callback.load_state_dict(found["callbacks"][callback.state_key])
             loop.restore(found)  # last: it sets the random generators as they were
-        self._fit = loop
-        try:
-            session.hooks.call("on_fit_start", self, module)
-            session.hooks.call("on_train_start", self, module)
-            loop.run()
-            session.hooks.call("on_train_end", self, module)
-            session.hooks.call("on_fit_end", self, module)
-        finally:
-            self._fit = None
+        # Kept after the fit: save_checkpoint, the optimizers and schedulers are still there.
+        self._fit, self._last_checkpoint = loop, None
+        session.hooks.call("on_fit_start", self, module)
+        session.hooks.call("on_train_start", self, module)
+        loop.run()
+        session.hooks.call("on_train_end", self, module)
+        session.hooks.call("on_fit_end", self, module)
 
     def _evaluate(
         self,
@@ -462,8 +501,9 @@ class Trainer:
             outcome = launch.run_ranks(self.devices, work, seed)
         else:
             outcome = remote.run_job(self, work, seed)
-        if outcome["state_dict"] is not None:
-            module.load_state_dict(outcome["state_dict"])
+        if outcome["checkpoint"] is not None:  # a fit: its weights, and what save_checkpoint writes
+            self._last_checkpoint = outcome["checkpoint"]
+            module.load_state_dict(outcome["checkpoint"]["state_dict"])
         for name in ("current_epoch", "global_step", "should_stop", "callback_metrics", "resumed_from"):
             setattr(self, name, outcome[name])
         for callback in self.callbacks:
@@ -483,10 +523,11 @@ class _Call:
     def __call__(self) -> dict[str, Any]:
         trainer = self.trainer
         value = getattr(trainer, self.call)(self.module, *self.args)
-        fitted = self.call == "fit"
+        loop = trainer._fit if self.call == "fit" else None
         return {
             "value": value,
-            "state_dict": {k: v.cpu() for k, v in self.module.state_dict().items()} if fitted else None,
+            # On the CPU: the caller may have no GPU.
+            "checkpoint": data.apply(trainer._checkpoint_state(loop), torch.Tensor.cpu) if loop else None,
             "current_epoch": trainer.current_epoch,
             "global_step": trainer.global_step,
             "should_stop": trainer.should_stop,
@@ -515,7 +556,9 @@ def _arranged(
     if progress and not any(isinstance(callback, ProgressBar) for callback in arranged):
         arranged.append(ProgressBar())
     if checkpointing and not any(isinstance(callback, ModelCheckpoint) for callback in arranged):
-        arranged.append(ModelCheckpoint(save_top_k=0))  # last.ckpt alone: what a resume needs
+        # As Lightning's default, it keeps the latest epoch's checkpoint as the "best" (test(ckpt_path=
+        # "best") finds it); and last.ckpt, what a resume needs.
+        arranged.append(ModelCheckpoint())
     for callback in arranged:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
             callback.dirpath = run_dir / "checkpoints"
