@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .data_module import DataHooks
+from .loggers import Logger
 from .metrics import StageLog
 from .optim import Optimizers
 
@@ -176,6 +177,15 @@ class Module(DataHooks, torch.nn.Module):
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
+
+    @property
+    def logger(self) -> Logger | None:
+        """The trainer's first logger (None outside a call, or with ``logger=False``)."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Logger]:
+        return self._trainer.loggers if self._trainer is not None else []
 
     @property
     def current_epoch(self) -> int:
