@@ -1,6 +1,7 @@
 """The Trainer calls every hook of its module and callbacks, in Lightning's documented order: the
 callbacks' first, then the module's; at an epoch's end the callbacks that monitor a metric after
-the module, so that they see what it logged there."""
+the module, so that they see what it logged there. The sanity check's two hooks are a callback's
+only, as in Lightning."""
 
 from __future__ import annotations
 
@@ -18,7 +19,11 @@ from torch.utils.data import DataLoader, TensorDataset
 import gpulayer as gl
 from tests.test_trainer import Regression, trainer
 
-HOOKS = [name for name in vars(gl.torch.Module) if name in {"setup", "teardown"} or name.startswith("on_")]
+
+def hooks(owner: type) -> list[str]:
+    return [name for name in vars(owner) if name in {"setup", "teardown"} or name.startswith("on_")]
+
+
 Calls = list[tuple[str, str]]
 
 
@@ -29,9 +34,13 @@ def recorder(who: str, name: str) -> Callable[..., None]:
     return hook
 
 
-RecordedModule = type("RecordedModule", (Regression,), {name: recorder("module", name) for name in HOOKS})
+RecordedModule = type(
+    "RecordedModule", (Regression,), {name: recorder("module", name) for name in hooks(gl.torch.Module)}
+)
 RecordingCallback = type(
-    "RecordingCallback", (gl.torch.Callback,), {name: recorder("callback", name) for name in HOOKS}
+    "RecordingCallback",
+    (gl.torch.Callback,),
+    {name: recorder("callback", name) for name in hooks(gl.torch.Callback)},
 )
 
 
@@ -66,8 +75,11 @@ def test_every_hook_runs_in_lightnings_order(tmp_path: Path) -> None:
         + both("on_validation_epoch_end", "on_validation_end")
     )
     epoch = both("on_train_epoch_start") + batch * 2 + validation + both("on_train_epoch_end")
+    sanity_check = [("callback", "on_sanity_check_start"), *validation, ("callback", "on_sanity_check_end")]
     assert calls == (
-        both("setup", "on_fit_start", "on_train_start")
+        both("setup", "on_fit_start")
+        + sanity_check
+        + both("on_train_start")
         + epoch * 2
         + both("on_train_end", "on_fit_end", "teardown")
     )

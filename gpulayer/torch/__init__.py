@@ -19,23 +19,29 @@ except ImportError as missing:
 
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .data_module import DataModule
+from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .module import Module
 from .optim import OptimizerConfig, Optimizers, SchedulerConfig
 from .progress import ProgressBar
+from .summary import ModelSummary
 from .trainer import Trainer
 from .utilities import rank_zero_only, seed_everything
 
 __all__ = [
+    "CSVLogger",
     "Callback",
     "DataModule",
     "EarlyStopping",
     "LearningRateMonitor",
+    "Logger",
     "ModelCheckpoint",
+    "ModelSummary",
     "Module",
     "OptimizerConfig",
     "Optimizers",
     "ProgressBar",
     "SchedulerConfig",
+    "TensorBoardLogger",
     "Trainer",
     "rank_zero_only",
     "seed_everything",

@@ -55,6 +55,12 @@ class Callback:
 
     def on_fit_end(self, trainer: Trainer, module: Module) -> None: ...
 
+    def on_sanity_check_start(self, trainer: Trainer, module: Module) -> None:
+        """Before the sanity check's validation batches (``num_sanity_val_steps``), after
+        ``on_fit_start``; a callback's hook only, as in Lightning."""
+
+    def on_sanity_check_end(self, trainer: Trainer, module: Module) -> None: ...
+
     def on_train_start(self, trainer: Trainer, module: Module) -> None: ...
 
     def on_train_end(self, trainer: Trainer, module: Module) -> None: ...
@@ -145,7 +151,7 @@ class Hooks:
         )
         self.monitoring_epoch_end = _overriding([c for c in callbacks if c.monitoring], "on_train_epoch_end")
         for name in HOOKS:
-            if _overrides(module, Module, name):
+            if hasattr(Module, name) and _overrides(module, Module, name):
                 self.by_name[name].append(_of_module(getattr(module, name)))
 
     def call(self, name: str, *args: Any) -> None:
@@ -178,7 +184,8 @@ def _better(mode: Literal["min", "max"]) -> Callable[[float, float], bool]:
 class EarlyStopping(Callback):
     """Stop fitting when ``monitor`` (an epoch metric) has not improved by more than ``min_delta``
     for ``patience`` epochs in a row (epochs without a value, such as those that skip validation,
-    do not count), or is not finite. Every rank stops after the same epoch."""
+    do not count), or is not finite. Every rank stops after the same epoch. Off in a
+    ``fast_dev_run``."""
 
     monitoring = True
 
@@ -214,6 +221,8 @@ class EarlyStopping(Callback):
         self.best, self.wait, self.stopped_epoch = state["best"], state["wait"], state["stopped_epoch"]
 
     def on_train_epoch_end(self, trainer: Trainer, module: Module) -> None:
+        if trainer.fast_dev_run:
+            return
         value = trainer.monitored(self.monitor)
         if value is None:
             self._warned = self._warned or _warn_missing(self, self.monitor, trainer)
@@ -250,7 +259,8 @@ class ModelCheckpoint(Callback):
     with -1, none with 0; with no ``monitor``, the most recent), named by ``filename`` (a format
     string given ``epoch``, ``step`` and the metrics) plus ``.ckpt``, deleting the ones that fall
     out. With ``save_last`` it also writes ``last.ckpt`` each time, and once more when the fit
-    ends: what a fit resumes from. Only rank 0 writes; every write is atomic.
+    ends: what a fit resumes from. Only rank 0 writes; every write is atomic. A ``fast_dev_run``
+    writes nothing.
     """
 
     monitoring = True
@@ -330,10 +340,12 @@ class ModelCheckpoint(Callback):
             self._save(trainer, trainer.callback_metrics)
 
     def on_fit_end(self, trainer: Trainer, module: Module) -> None:
-        if self.save_last:
+        if self.save_last and not trainer.fast_dev_run:
             trainer.save_checkpoint(self.last_path)
 
     def _save(self, trainer: Trainer, metrics: dict[str, float], at_epoch_end: bool = False) -> None:
+        if trainer.fast_dev_run:
+            return
         self._saved_step = trainer.global_step
         paths, dropped = [], []
         if not self.monitor:

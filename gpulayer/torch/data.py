@@ -143,6 +143,29 @@ def start_epoch(loader: DataLoader[Any], epoch: int, skip_batches: int) -> int:
     return skip_batches
 
 
+def length(loader: Any) -> int | None:
+    """How many batches ``loader`` gives (None when it cannot say, as over an ``IterableDataset``)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def limited(count: int | None, limit: int | float, option: str) -> int | None:
+    """How many of a loader's ``count`` batches (None: unknown) a stage runs under ``option``, a
+    ``limit_*_batches`` as Lightning reads it: an int caps the count, a float is a fraction of it."""
+    if isinstance(limit, int):
+        return limit if count is None else min(count, limit)
+    if count is None:
+        if limit == 1.0:
+            return None
+        raise ValueError(f"{option}={limit}: a fraction needs a loader with a length; give a batch count")
+    batches = int(count * limit)
+    if batches == 0 and limit > 0 and count:
+        raise ValueError(f"{option}={limit} of {count} batches is none; give at least {1 / count:.4g}")
+    return batches
+
+
 def to_device(batch: T, device: torch.device) -> T:
     """``batch`` with every tensor in it on ``device``."""
     return apply(batch, lambda tensor: tensor.to(device, non_blocking=True))

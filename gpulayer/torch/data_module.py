@@ -41,3 +41,26 @@ class DataModule(DataHooks):
 
     def teardown(self, stage: str) -> None:
         """On every rank, after the call ended, even by an exception."""
+
+
+def find_loader(
+    given: DataLoader[Any] | None, datamodule: DataModule | None, module: DataHooks, method: str
+) -> DataLoader[Any] | None:
+    """The loader a call was given; else its datamodule's ``method()``; else its model's."""
+    if given is not None:
+        return given
+    for source in (datamodule, module):
+        found: DataLoader[Any] | None = getattr(source, method)() if source is not None else None
+        if found is not None:
+            return found
+    return None
+
+
+def needed_loader(
+    given: DataLoader[Any] | None, datamodule: DataModule | None, module: DataHooks, stage: str
+) -> DataLoader[Any]:
+    method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
+    found = find_loader(given, datamodule, module, method)
+    if found is None:
+        raise ValueError(f"{stage} needs dataloaders, a datamodule or a model whose {method}() returns one")
+    return found

@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -72,7 +73,13 @@ class FitLoop:
         self.train = data.for_training(train, seed=seed, rank=ranks.rank, world_size=ranks.world_size)
         self.val = (
             data.for_evaluation(val, rank=ranks.rank, world_size=ranks.world_size)
-            if val is not None
+            if val is not None and trainer.limit_val_batches != 0
+            else None
+        )
+        #: How many of its batches each validation runs (None: all, however many).
+        self.val_batches = (
+            data.limited(data.length(self.val), trainer.limit_val_batches, "limit_val_batches")
+            if self.val is not None
             else None
         )
         self.sink = StageLog(training=True, ranks=ranks, device=session.device)
@@ -141,7 +148,11 @@ class FitLoop:
         session = self.session
         if session.ranks.distributed and not self.manual:  # manual: ManualOptimizer averages gradients
             device_ids = [session.device.index] if session.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(_TrainingStep(self.module), device_ids=device_ids)
+            self.ddp = DistributedDataParallel(
+                _TrainingStep(self.module),
+                device_ids=device_ids,
+                find_unused_parameters=self.trainer.strategy == "ddp_find_unused_parameters_true",
+            )
             self.step = self.ddp
         try:
             while not self.done():
@@ -164,20 +175,21 @@ class FitLoop:
         trainer, module = self.trainer, self.module
         first = self.batches_done
         to_draw = data.start_epoch(self.train, trainer.current_epoch, first)
-        remaining = len(self.train) if isinstance(self.train, Sized) else None
+        remaining = data.length(self.train)
         # Our sampler already leaves out the batches done; another loader still counts them.
-        total = None if remaining is None else remaining + first - to_draw
+        whole = None if remaining is None else remaining + first - to_draw
+        total = data.limited(whole, trainer.limit_train_batches, "limit_train_batches")
         trainer.num_training_batches = total
         trainer.epoch_metrics = {}
         self.session.hooks.call("on_train_epoch_start", trainer, module)
         module.train()
         module._log_sink = self.sink
         self.sink.in_batches = True
-        self.batches(first, to_draw, total)
+        self.batches(first, to_draw, total, cut=total != whole)
         self.sink.in_batches = False
         self.end_epoch()
 
-    def batches(self, first: int, to_draw: int, total: int | None) -> None:
+    def batches(self, first: int, to_draw: int, total: int | None, cut: bool) -> None:
         trainer, module, sink, device = self.trainer, self.module, self.sink, self.session.device
         batch_start = self.session.hooks.by_name["on_train_batch_start"]
         batch_end = self.session.hooks.by_name["on_train_batch_end"]
@@ -190,9 +202,11 @@ class FitLoop:
         move = device.type != "cpu"
         convert = self.session.precision.true_dtype is not None
         self.epoch_finished = False
-        batches = iter(self.train)
+        batches: Iterator[Any] = iter(self.train)
         for _ in range(to_draw):
             next(batches)
+        if cut and total is not None:  # limit_train_batches: the epoch ends early
+            batches = islice(batches, max(0, total - first))
         for batch_idx, loaded in enumerate(batches, start=first):
             batch = data.to_device(loaded, device) if move else loaded
             if convert:
@@ -216,6 +230,7 @@ class FitLoop:
             if val_every is not None and self.batches_done % val_every == 0 and self.batches_done != total:
                 self.validate(mid_epoch=True)
             if max_steps is not None and trainer.global_step >= max_steps:
+                self.epoch_finished = self.batches_done == total  # at its last batch, the epoch is done
                 return
         self.epoch_finished = True
 
@@ -328,12 +343,34 @@ class FitLoop:
         trainer = self.trainer
         # A validation part-way through the epoch has a row of its own; the epoch's end sees only
         # what was validated at that end.
-        metrics = evaluate(trainer, self.session, self.module, self.val, "validate", of_epoch=not mid_epoch)
+        limit = self.val_batches
+        metrics = evaluate(trainer, self.session, self.module, self.val, "validate", not mid_epoch, limit)
         self.module.train()
         self.module._log_sink = self.sink
         if mid_epoch:
             trainer.metrics_log.add(trainer.current_epoch, trainer.global_step, metrics)
             trainer.metrics_log.write()
+
+    def sanity_check(self) -> None:
+        """Lightning's sanity check before the first epoch: ``num_sanity_val_steps`` validation
+        batches (-1: every one), between ``on_sanity_check_start`` and ``_end``, whose metrics are
+        dropped and which leave the random generators as they were."""
+        trainer, module, hooks = self.trainer, self.module, self.session.hooks
+        steps, limit = trainer.num_sanity_val_steps, self.val_batches
+        if self.val is None or steps == 0:
+            return
+        count = limit if steps < 0 else steps if limit is None else min(steps, limit)
+        generators, metrics, prog_bar = rng_state(), trainer.callback_metrics, trainer.prog_bar_metrics
+        trainer.callback_metrics, trainer.prog_bar_metrics = dict(metrics), set(prog_bar)
+        trainer.sanity_checking = True
+        try:
+            hooks.call("on_sanity_check_start", trainer, module)
+            evaluate(trainer, self.session, module, self.val, "validate", of_epoch=False, limit=count)
+            hooks.call("on_sanity_check_end", trainer, module)
+        finally:
+            trainer.sanity_checking = False
+            trainer.callback_metrics, trainer.prog_bar_metrics = metrics, prog_bar
+            restore_rng(generators)
 
     def _val_every(self, total: int | None) -> int | None:
         """Validate every this many batches within an epoch (None: only at its end)."""
@@ -361,9 +398,10 @@ def evaluate(
     loader: DataLoader[Any],
     stage: Literal["validate", "test"],
     of_epoch: bool = True,
+    limit: int | None = None,
 ) -> dict[str, float]:
-    """Run ``validation_step`` or ``test_step`` over ``loader``; the logged means, over every rank,
-    also in ``trainer.epoch_metrics`` when ``of_epoch``."""
+    """Run ``validation_step`` or ``test_step`` over ``loader`` (its first ``limit`` batches); the
+    logged means, over every rank, also in ``trainer.epoch_metrics`` when ``of_epoch``."""
     hook = "validation" if stage == "validate" else "test"
     step = module.validation_step if stage == "validate" else module.test_step
     sink = StageLog(training=False, ranks=session.ranks, device=session.device)
@@ -375,7 +413,7 @@ def evaluate(
     hooks.call(f"on_{hook}_start", trainer, module)
     hooks.call(f"on_{hook}_epoch_start", trainer, module)
     with torch.no_grad():
-        for batch_idx, loaded in enumerate(loader):
+        for batch_idx, loaded in enumerate(_first(loader, limit)):
             batch = data.to_device(loaded, device) if device.type != "cpu" else loaded
             batch = session.precision.convert_input(batch)
             sink.batch = batch
@@ -399,8 +437,11 @@ def evaluate(
     return metrics
 
 
-def predict(trainer: Trainer, session: Session, module: Module, loader: DataLoader[Any]) -> list[Any]:
-    """``predict_step`` of every batch, on the CPU, in the loader's order (gathered from every rank)."""
+def predict(
+    trainer: Trainer, session: Session, module: Module, loader: DataLoader[Any], limit: int | None = None
+) -> list[Any]:
+    """``predict_step`` of every batch (the first ``limit``), on the CPU, in the loader's order
+    (gathered from every rank)."""
     outputs: list[Any] = []
     training = module.training
     module.eval()
@@ -409,7 +450,7 @@ def predict(trainer: Trainer, session: Session, module: Module, loader: DataLoad
     hooks.call("on_predict_start", trainer, module)
     hooks.call("on_predict_epoch_start", trainer, module)
     with torch.no_grad():
-        for batch_idx, loaded in enumerate(loader):
+        for batch_idx, loaded in enumerate(_first(loader, limit)):
             batch = data.to_device(loaded, device) if device.type != "cpu" else loaded
             batch = session.precision.convert_input(batch)
             for callback in batch_start:
@@ -426,3 +467,7 @@ def predict(trainer: Trainer, session: Session, module: Module, loader: DataLoad
         # Each rank predicted a contiguous slice, so rank order is the loader's order.
         outputs = [output for part in session.ranks.gather(outputs) for output in part]
     return outputs
+
+
+def _first(loader: Iterable[Any], limit: int | None) -> Iterable[Any]:
+    return loader if limit is None else islice(loader, limit)

@@ -1,4 +1,4 @@
-"""What ``Module.log`` records, reduced over ranks, and rank 0's ``metrics.json`` and ``metrics.csv``.
+"""What ``Module.log`` records, reduced over ranks, and the rows of them rank 0's loggers get.
 
 A value logged ``on_epoch`` is kept on its device, unread, until the epoch ends: then every rank's
 sums (or extremes) are combined in one collective per kind, so the epoch's mean is the mean over
@@ -8,8 +8,6 @@ are due, every ``log_every_n_steps``, and is this rank's own unless logged with 
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import warnings
@@ -19,14 +17,13 @@ from typing import Any, Literal, cast
 
 import torch
 
-from .checkpoint import write_atomic
 from .data import batch_size
+from .loggers import Logger, MetricsFiles, Row
 from .ranks import Ranks
 
 #: Values queued per metric before they are folded into its running sum (one stack, one sum).
 FOLD_EVERY = 1024
 
-Row = dict[str, float | int]
 #: How an epoch's values of one metric become one: Lightning's ``reduce_fx``.
 Reduce = Literal["mean", "sum", "max", "min"]
 _REDUCE_CALLABLES: dict[Callable[..., Any], Reduce] = {
@@ -270,17 +267,16 @@ class StageLog:
 
 
 class MetricsLog:
-    """The run's rows of metrics, each ``{"epoch", "step", name: value, ...}``, and (on rank 0) their
-    files: ``metrics.json`` (a list of the rows) and ``metrics.csv`` (one column per name).
+    """The run's rows of metrics, each ``{"epoch", "step", name: value, ...}``, and (on rank 0) the
+    loggers each row reaches once (see ``loggers.py``; the default writes ``metrics.json`` and
+    ``metrics.csv`` in the run folder).
 
     A row is added at the end of every epoch, after a validation part-way through one, every
     ``log_every_n_steps`` steps that logged ``on_step`` values, and by ``validate`` and ``test``.
-    Both files are rewritten whole, atomically, at each epoch's end and after each validation, so
-    a run killed at any moment leaves files that parse and hold every epoch it finished.
+    The rows not yet logged go to the loggers at each epoch's end and after each validation.
     """
 
-    def __init__(self, folder: Path | None, rows: list[Row] | None = None) -> None:
-        self.folder = folder
+    def __init__(self, rows: list[Row] | None = None) -> None:
         self.rows: list[Row] = list(rows or [])
         #: Values given to ``Trainer.log_value`` for the next epoch's row...
         self.pending: Row = {}
@@ -288,6 +284,9 @@ class MetricsLog:
         self.current: Row | None = None
         #: Names logged with ``logger=False``: left out of the rows.
         self.hidden: set[str] = set()
+        self.loggers: list[Logger] = []
+        #: How many of the rows the loggers have.
+        self.sent = len(self.rows)
 
     @classmethod
     def existing(cls, folder: Path | None) -> MetricsLog:
@@ -298,7 +297,15 @@ class MetricsLog:
                 rows = json.loads((folder / "metrics.json").read_text())
             except (FileNotFoundError, ValueError):
                 rows = []
-        return cls(folder, rows)
+        return cls(rows)
+
+    def attach(self, loggers: list[Logger]) -> None:
+        """Log the rows added from now on to ``loggers``; the default files go on from every row."""
+        self.loggers = loggers
+        self.sent = len(self.rows)
+        for logger in loggers:
+            if isinstance(logger, MetricsFiles):
+                logger.rows = [dict(row) for row in self.rows]
 
     def add(self, epoch: int, step: int, values: dict[str, float], epoch_end: bool = False) -> Row:
         hidden = self.hidden
@@ -314,18 +321,14 @@ class MetricsLog:
         (self.current if self.current is not None else self.pending)[name] = value
 
     def write(self) -> None:
-        if self.folder is None:
+        """Give the loggers the rows they do not have yet."""
+        if not self.loggers:
+            self.sent = len(self.rows)
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        # Not synced to disk: a killed process loses nothing, and after a power cut the next
-        # checkpoint (which is synced) holds these rows.
-        json_text = json.dumps(self.rows, indent=1) + "\n"
-        write_atomic(self.folder / "metrics.json", json_text.encode(), durable=False)
-        columns: dict[str, None] = {"epoch": None, "step": None}
-        for row in self.rows:
-            columns.update(dict.fromkeys(row))
-        text = io.StringIO()
-        writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(self.rows)
-        write_atomic(self.folder / "metrics.csv", text.getvalue().encode(), durable=False)
+        for row in self.rows[self.sent :]:
+            values = {name: value for name, value in row.items() if name != "step"}
+            for logger in self.loggers:
+                logger.log_metrics(values, int(row["step"]))
+        self.sent = len(self.rows)
+        for logger in self.loggers:
+            logger.save()

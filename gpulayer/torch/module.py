@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from . import checkpoint, manual
 from .data_module import DataHooks
+from .loggers import Logger
 from .manual import ManualOptimizer
 from .metrics import Reduce, StageLog, reduce_kind
 from .optim import Optimizers, clip_gradients
@@ -324,6 +325,15 @@ class Module(DataHooks, torch.nn.Module):
         if self._trainer is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Trainer")
         return self._trainer
+
+    @property
+    def logger(self) -> Logger | None:
+        """The trainer's first logger (None outside a call, or with ``logger=False``)."""
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list[Logger]:
+        return self._trainer.loggers if self._trainer is not None else []
 
     @property
     def current_epoch(self) -> int:

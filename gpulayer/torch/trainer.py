@@ -12,6 +12,7 @@ Where a call runs:
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -25,18 +26,18 @@ from torch.utils.data import DataLoader
 
 from ..functions import RemoteKeywords
 from ..models import CHECKPOINT_VARIABLE, JOB_ID_VARIABLE
-from . import checkpoint, data, launch, remote
+from . import checkpoint, data, elsewhere, options
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
-from .data_module import DataModule
+from .data_module import DataModule, find_loader, needed_loader
+from .loggers import Logger, MetricsFiles
 from .loops import FitLoop, Session, evaluate, predict
 from .metrics import MetricsLog
 from .module import Module
 from .optim import Optimization
+from .options import Accelerator, LoggerOption
 from .precision import Precision, PrecisionName, precision_name
-from .progress import ProgressBar
 from .ranks import Ranks
 
-Accelerator = Literal["auto", "cpu", "cuda", "mps"]
 #: Where a run's folder is when ``default_root_dir`` is not given, under the working directory.
 RUNS_FOLDER = "gpulayer_runs"
 
@@ -44,8 +45,11 @@ RUNS_FOLDER = "gpulayer_runs"
 class Trainer:
     """Runs a :class:`Module`'s steps: ``fit``, ``validate``, ``test``, ``predict``.
 
-    ``accelerator``: ``"auto"`` takes CUDA, else MPS, else the CPU. ``devices``: ranks on this
-    machine (CUDA: one GPU each; CPU: processes sharing its cores). ``num_nodes`` and ``remote``:
+    ``accelerator``: ``"auto"`` takes CUDA, else MPS, else the CPU; ``"gpu"`` is CUDA (MPS on a
+    Mac). ``devices``: ranks on this machine (CUDA: one GPU each; CPU: processes sharing its
+    cores); ``"auto"`` or ``-1``: every CUDA GPU here, else 1. ``strategy``: Lightning's DDP names
+    (``"auto"``, ``"ddp"``, ``"ddp_spawn"``, ``"ddp_find_unused_parameters_true"``, ...), all run
+    as data-parallel ranks; others are refused. ``num_nodes`` and ``remote``:
     run each call as a GPUlayer gang job of ``num_nodes`` workers with ``devices`` ranks each (inside
     one, or under torchrun, the Trainer joins its ranks); ``job_options`` are what that job is
     submitted with besides (``client``, ``source``, ``timeout``, ``retries``, requirements per node
@@ -61,8 +65,15 @@ class Trainer:
     step; gradients are clipped to ``gradient_clip_val`` (by total norm, or by value). Validation
     runs every ``check_val_every_n_epoch`` epochs at the epoch's end and, within an epoch, every
     ``val_check_interval`` batches (an int) or fraction of the epoch (a float below 1.0).
+    ``limit_train_batches`` (and ``_val_``, ``_test_``, ``_predict_``): each rank's batches per
+    epoch (an int) or fraction of them (a float); 0 skips that stage. ``num_sanity_val_steps``
+    validation batches (-1: all) run before a fit's first epoch, their metrics dropped.
+    ``fast_dev_run`` (``True`` or n): n batches (1) of each stage, one epoch, no checkpoints,
+    loggers or resume. ``enable_model_summary``: a :class:`ModelSummary` when a fit starts.
 
-    ``default_root_dir`` is the run folder: ``metrics.json``, ``metrics.csv`` and ``checkpoints/``.
+    ``default_root_dir`` is the run folder: ``metrics.json``, ``metrics.csv`` (the default
+    ``logger``; ``False``: none; or a :class:`~gpulayer.torch.loggers.Logger` or a list of them)
+    and ``checkpoints/``.
     By default, in a GPUlayer command job, the job's checkpoint folder (``GPULAYER_CHECKPOINT_DIR``:
     kept in Redis as it changes, and given back to a retry on any worker); else
     ``./gpulayer_runs/default``.
@@ -78,8 +89,9 @@ class Trainer:
     def __init__(
         self,
         *,
-        accelerator: Accelerator = "auto",
-        devices: int = 1,
+        accelerator: Accelerator | Literal["gpu"] = "auto",
+        strategy: str = "auto",
+        devices: int | Literal["auto"] = 1,
         num_nodes: int = 1,
         remote: bool = False,
         precision: PrecisionName | int = "32",
@@ -92,43 +104,70 @@ class Trainer:
         check_val_every_n_epoch: int = 1,
         val_check_interval: int | float = 1.0,
         log_every_n_steps: int = 50,
+        limit_train_batches: int | float = 1.0,
+        limit_val_batches: int | float = 1.0,
+        limit_test_batches: int | float = 1.0,
+        limit_predict_batches: int | float = 1.0,
+        fast_dev_run: bool | int = False,
+        num_sanity_val_steps: int = 2,
         callbacks: Sequence[Callback] = (),
+        logger: LoggerOption = True,
         default_root_dir: str | Path | None = None,
         enable_checkpointing: bool = True,
         enable_progress_bar: bool = True,
+        enable_model_summary: bool = True,
         resume: Literal["auto", False] | str | Path = "auto",
         job_options: RemoteKeywords | None = None,
     ) -> None:
-        if accelerator not in ("auto", "cpu", "cuda", "mps"):
-            raise ValueError(f"accelerator must be auto, cpu, cuda or mps, not {accelerator!r}")
-        for name, value in (("devices", devices), ("num_nodes", num_nodes),
+        if fast_dev_run < 0 or num_sanity_val_steps < -1:
+            raise ValueError("fast_dev_run must be a bool or at least 0; num_sanity_val_steps at least -1")
+        if fast_dev_run:  # Lightning's: n batches of each stage, one epoch, nothing written
+            n = int(fast_dev_run)
+            limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = n
+            max_epochs, max_steps, val_check_interval, check_val_every_n_epoch = 1, n, 1.0, 1
+            num_sanity_val_steps, logger, resume = 0, False, False
+            if (Ranks.current() or Ranks()).is_zero:
+                print(f"fast_dev_run: {n} batch(es) a stage; no logging or checkpoints", file=sys.stderr)
+        self.accelerator: Accelerator = options.accelerator(accelerator)
+        devices = options.devices(devices, self.accelerator)
+        for name, value in (("num_nodes", num_nodes),
                             ("accumulate_grad_batches", accumulate_grad_batches),
                             ("check_val_every_n_epoch", check_val_every_n_epoch),
                             ("log_every_n_steps", log_every_n_steps)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
-        self.accelerator: Accelerator = accelerator
+        self.strategy = options.strategy(strategy)
         self.devices = devices
         self.num_nodes = num_nodes
         self.remote = remote
         self.precision: PrecisionName = precision_name(precision)
         self.compile = compile
-        self.max_epochs = max_epochs
-        self.max_steps = max_steps
+        self.max_epochs, self.max_steps = max_epochs, max_steps
         self.accumulate_grad_batches = accumulate_grad_batches
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = gradient_clip_algorithm
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.val_check_interval = val_check_interval
         self.log_every_n_steps = log_every_n_steps
+        (
+            self.limit_train_batches,
+            self.limit_val_batches,
+            self.limit_test_batches,
+            self.limit_predict_batches,
+        ) = options.limits(limit_train_batches, limit_val_batches, limit_test_batches, limit_predict_batches)
+        self.num_sanity_val_steps = num_sanity_val_steps
         self.resume = resume
         self.job_options: RemoteKeywords = job_options or {}
         self.run_dir = Path(default_root_dir or _default_run_dir()).absolute()
-        self.callbacks = _arranged(callbacks, self.run_dir, enable_checkpointing, enable_progress_bar)
+        self.loggers: list[Logger] = options.loggers(logger, self.run_dir)
+        #: Lightning's: ``True`` for one batch, the number n for more, ``False`` when off.
+        self.fast_dev_run: bool | int = True if fast_dev_run == 1 else fast_dev_run
+        self.callbacks = options.arranged(
+            callbacks, self.run_dir, enable_checkpointing, enable_progress_bar, enable_model_summary
+        )
 
         # What the last call left, and what a callback may read during one.
-        self.current_epoch = 0
-        self.global_step = 0
+        self.current_epoch = self.global_step = 0
         self.should_stop = False
         #: The latest value of every metric.
         self.callback_metrics: dict[str, float] = {}
@@ -139,6 +178,8 @@ class Trainer:
         self.prog_bar_metrics: set[str] = set()
         self.num_training_batches: int | None = None
         self.stage: Stage | None = None
+        #: Whether the sanity check's validation is running.
+        self.sanity_checking = False
         #: The checkpoint the last ``fit`` resumed from, if it did.
         self.resumed_from: Path | None = None
         self._ranks = Ranks()
@@ -150,7 +191,9 @@ class Trainer:
         self.datamodule: DataModule | None = None
         #: What the last fit's rank 0 would have saved at its end, when it ran in ranks started here.
         self._last_checkpoint: dict[str, Any] | None = None
-        self._warned_hparams = False
+
+    #: Whether a checkpoint already warned of hyperparameters it left out.
+    _warned_hparams = False
 
     def __getstate__(self) -> dict[str, Any]:
         # What a gang job is submitted with (a client among it) stays with the caller: ranks get none.
@@ -178,6 +221,17 @@ class Trainer:
         return self._ranks.is_zero
 
     @property
+    def logger(self) -> Logger | None:
+        """The first of ``loggers`` (by default, the run folder's metrics files), or None."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's folder, else the run folder."""
+        found = self.logger.log_dir if self.logger is not None else None
+        return found or str(self.run_dir)
+
+    @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
         """The first :class:`ModelCheckpoint`: the one whose ``last.ckpt`` ``fit`` resumes from."""
         return next((callback for callback in self.callbacks if isinstance(callback, ModelCheckpoint)), None)
@@ -195,6 +249,7 @@ class Trainer:
         """The run's metric rows: this run's, or what an earlier one left in ``metrics.json``."""
         if self._metrics is None:
             self._metrics = MetricsLog.existing(self.run_dir if self.is_global_zero else None)
+            self._metrics.attach(self._rank_loggers)
         return self._metrics
 
     def monitored(self, name: str) -> float | None:
@@ -231,12 +286,12 @@ class Trainer:
         if (where := self._where()) != "here":
             return self._elsewhere(where, "fit", module, train_dataloaders, val_dataloaders, datamodule)  # type: ignore[no-any-return]
         with self._session(module, "fit", datamodule) as session:
-            train = _loader(train_dataloaders, datamodule, module, "train_dataloader")
+            train = find_loader(train_dataloaders, datamodule, module, "train_dataloader")
             if train is None:
                 raise ValueError(
                     "fit needs train_dataloaders, a datamodule, or a model whose train_dataloader() gives one"
                 )
-            val = _loader(val_dataloaders, datamodule, module, "val_dataloader")
+            val = find_loader(val_dataloaders, datamodule, module, "val_dataloader")
             self._run_fit(session, module, train, val)
         return dict(self.callback_metrics)
 
@@ -274,10 +329,11 @@ class Trainer:
         if (where := self._where()) != "here":
             return self._elsewhere(where, "predict", module, dataloaders, datamodule, ckpt_path)  # type: ignore[no-any-return]
         with self._session(module, "predict", datamodule) as session:
-            loader = _needed(dataloaders, datamodule, module, "predict")
+            loader = needed_loader(dataloaders, datamodule, module, "predict")
             self._load_weights(module, ckpt_path)
             loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
-            return predict(self, session, module, loader)
+            limit = data.limited(data.length(loader), self.limit_predict_batches, "limit_predict_batches")
+            return predict(self, session, module, loader, limit) if limit != 0 else []
 
     def _model(self, given: Module | None, call: str) -> Module:
         if given is not None:
@@ -346,21 +402,25 @@ class Trainer:
         self.current_epoch = self.global_step = 0
         self.should_stop = False
         self.callback_metrics, self.prog_bar_metrics = {}, set()
-        self._metrics = MetricsLog(self.run_dir if ranks.is_zero else None)
+        self._metrics = MetricsLog(found["metrics"] if found else None)
+        self._metrics.attach(self._rank_loggers)
         self.resumed_from = ranks.from_zero(path)
         if found:
-            self._metrics.rows = list(found["metrics"])
             self.callback_metrics = dict(found["callback_metrics"])
             for callback in self.callbacks:
                 if callback.state_key in found["callbacks"]:
                     callback.load_state_dict(found["callbacks"][callback.state_key])
             loop.restore(found)  # last: it sets the random generators as they were
+        for logger in self._rank_loggers:
+            logger.log_hyperparams(dict(module.hparams))
         # Kept after the fit: save_checkpoint, the optimizers and schedulers are still there.
         self._fit, self._last_checkpoint = loop, None
         session.hooks.call("on_fit_start", self, module)
-        session.hooks.call("on_train_start", self, module)
-        loop.run()
-        session.hooks.call("on_train_end", self, module)
+        loop.sanity_check()
+        if self.limit_train_batches != 0:  # Lightning's fit trains nothing, not even its hooks
+            session.hooks.call("on_train_start", self, module)
+            loop.run()
+            session.hooks.call("on_train_end", self, module)
         session.hooks.call("on_fit_end", self, module)
 
     def _evaluate(
@@ -374,10 +434,14 @@ class Trainer:
         if (where := self._where()) != "here":
             return self._elsewhere(where, stage, module, dataloaders, ckpt_path, datamodule)  # type: ignore[no-any-return]
         with self._session(module, stage, datamodule) as session:
-            loader = _needed(dataloaders, datamodule, module, stage)
+            loader = needed_loader(dataloaders, datamodule, module, stage)
             self._load_weights(module, ckpt_path)
             loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
-            metrics = evaluate(self, session, module, loader, stage)
+            option = "limit_val_batches" if stage == "validate" else "limit_test_batches"
+            limit = data.limited(data.length(loader), getattr(self, option), option)
+            if limit == 0:  # as Lightning: a stage limited to no batches runs none of its hooks
+                return []
+            metrics = evaluate(self, session, module, loader, stage, limit=limit)
             self.metrics_log.add(self.current_epoch, self.global_step, metrics)
             self.metrics_log.write()
         return [metrics]
@@ -397,8 +461,8 @@ class Trainer:
             torch.cuda.set_device(device)
         ranks.join(device)
         self._ranks = ranks
-        if self._metrics is not None:  # rows a caller took back from ranks it started: rank 0 writes them
-            self._metrics.folder = self.run_dir if ranks.is_zero else None
+        if self._metrics is not None:  # rows a caller took back from ranks it started: rank 0 logs on
+            self._metrics.attach(self._rank_loggers)
         self.stage = stage
         self.epoch_metrics = {}
         session = Session(ranks, device, Precision(self.precision, device), Hooks(self.callbacks, module))
@@ -415,8 +479,10 @@ class Trainer:
             ranks.barrier()
             datamodule.setup(stage)
         session.hooks.call("setup", self, module, stage)
+        status = "failed"
         try:
             yield session
+            status = "success"
         finally:
             if datamodule is not None:
                 datamodule.teardown(stage)
@@ -424,8 +490,15 @@ class Trainer:
             module._trainer = None
             module._log_sink = None
             self.stage = None
+            for logger in self._rank_loggers:
+                logger.finalize(status)
         # Every rank ends the call together: rank 0 has written its files, none tears down early.
         ranks.barrier()
+
+    @property
+    def _rank_loggers(self) -> list[Logger]:
+        """The loggers this rank logs to: every one on rank 0, none elsewhere."""
+        return self.loggers if self.is_global_zero else []
 
     def _device(self, ranks: Ranks) -> torch.device:
         kind = self.accelerator
@@ -490,52 +563,13 @@ class Trainer:
         for callback in self.callbacks:
             if isinstance(callback, ModelCheckpoint) and callback.dirpath == self.run_dir / "checkpoints":
                 callback.dirpath = run_dir / "checkpoints"
+        for logger in self.loggers:
+            if isinstance(logger, MetricsFiles) and logger.folder == self.run_dir:
+                logger.folder = run_dir
         self.run_dir = run_dir
 
     def _elsewhere(self, where: Literal["ranks", "job"], call: str, module: Module, *args: Any) -> Any:
-        """Run ``self.<call>(module, *args)`` in ranks started here or in a gang job; take back rank
-        0's outcome."""
-        seed = int(torch.randint(2**31 - 1, ()).item())
-        work = _Call(self, call, module, args)
-        if where == "ranks":
-            outcome = launch.run_ranks(self.devices, work, seed)
-        else:
-            outcome = remote.run_job(self, work, seed)
-        if outcome["checkpoint"] is not None:  # a fit: its weights, and what save_checkpoint writes
-            self._last_checkpoint = outcome["checkpoint"]
-            module.load_state_dict(outcome["checkpoint"]["state_dict"])
-        for name in ("current_epoch", "global_step", "should_stop", "callback_metrics", "resumed_from"):
-            setattr(self, name, outcome[name])
-        for callback in self.callbacks:
-            if callback.state_key in outcome["callbacks"]:
-                callback.load_state_dict(outcome["callbacks"][callback.state_key])
-        self._metrics = MetricsLog(self.run_dir, outcome["metrics"])
-        return outcome["value"]
-
-
-class _Call:
-    """One Trainer call, as a rank runs it: what it returns, and what the caller takes back of rank 0's
-    state (the trained weights after ``fit``, progress, metrics and callbacks' states)."""
-
-    def __init__(self, trainer: Trainer, call: str, module: Module, args: tuple[Any, ...]) -> None:
-        self.trainer, self.call, self.module, self.args = trainer, call, module, args
-
-    def __call__(self) -> dict[str, Any]:
-        trainer = self.trainer
-        value = getattr(trainer, self.call)(self.module, *self.args)
-        loop = trainer._fit if self.call == "fit" else None
-        return {
-            "value": value,
-            # On the CPU: the caller may have no GPU.
-            "checkpoint": data.apply(trainer._checkpoint_state(loop), torch.Tensor.cpu) if loop else None,
-            "current_epoch": trainer.current_epoch,
-            "global_step": trainer.global_step,
-            "should_stop": trainer.should_stop,
-            "callback_metrics": trainer.callback_metrics,
-            "resumed_from": trainer.resumed_from,
-            "callbacks": {callback.state_key: callback.state_dict() for callback in trainer.callbacks},
-            "metrics": trainer.metrics_log.rows,
-        }
+        return elsewhere.run(self, where, call, module, args)
 
 
 def _default_run_dir() -> Path:
@@ -545,49 +579,3 @@ def _default_run_dir() -> Path:
     if kept:
         return Path(kept)
     return Path(RUNS_FOLDER) / (os.environ.get(JOB_ID_VARIABLE) or "default")
-
-
-def _arranged(
-    callbacks: Sequence[Callback], run_dir: Path, checkpointing: bool, progress: bool
-) -> list[Callback]:
-    """The callbacks a trainer runs: the given ones, a progress bar, and checkpoint callbacks last
-    (so that the state they save includes what the others did at the same hook)."""
-    arranged = list(callbacks)
-    if progress and not any(isinstance(callback, ProgressBar) for callback in arranged):
-        arranged.append(ProgressBar())
-    if checkpointing and not any(isinstance(callback, ModelCheckpoint) for callback in arranged):
-        # As Lightning's default, it keeps the latest epoch's checkpoint as the "best" (test(ckpt_path=
-        # "best") finds it); and last.ckpt, what a resume needs.
-        arranged.append(ModelCheckpoint())
-    for callback in arranged:
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
-            callback.dirpath = run_dir / "checkpoints"
-    keys = [callback.state_key for callback in arranged]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"two callbacks share a state_key (give them different settings): {keys}")
-    return [c for c in arranged if not isinstance(c, ModelCheckpoint)] + [
-        c for c in arranged if isinstance(c, ModelCheckpoint)
-    ]
-
-
-def _loader(
-    given: DataLoader[Any] | None, datamodule: DataModule | None, module: Module, method: str
-) -> DataLoader[Any] | None:
-    """The loader a call was given; else its datamodule's ``method()``; else its model's."""
-    if given is not None:
-        return given
-    for source in (datamodule, module):
-        found: DataLoader[Any] | None = getattr(source, method)() if source is not None else None
-        if found is not None:
-            return found
-    return None
-
-
-def _needed(
-    given: DataLoader[Any] | None, datamodule: DataModule | None, module: Module, stage: str
-) -> DataLoader[Any]:
-    method = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}[stage]
-    found = _loader(given, datamodule, module, method)
-    if found is None:
-        raise ValueError(f"{stage} needs dataloaders, a datamodule or a model whose {method}() returns one")
-    return found
