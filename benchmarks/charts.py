@@ -179,12 +179,21 @@ def api_rates(data: Data) -> list[Bar]:
     return bars
 
 
-TRAINER_ROWS = {"plain": "plain PyTorch loop", "trainer": "Trainer", "trainer_defaults": "Trainer, defaults"}
+TRAINER_ROWS = {
+    "plain": "plain PyTorch loop",
+    "trainer": "Trainer",
+    "trainer_defaults": "Trainer, defaults",
+    "lightning": "Lightning",  # in a run where Lightning was importable
+}
 
 
 def trainer_steps(data: Data) -> list[Bar]:
     steps = data["us_per_step"]
-    return [Bar(label, (steps[key] / 1000,), key != "plain") for key, label in TRAINER_ROWS.items()]
+    return [
+        Bar(label, (steps[key] / 1000,), key != "plain")
+        for key, label in TRAINER_ROWS.items()
+        if key in steps
+    ]
 
 
 LOWER, HIGHER = "lower is better", "higher is better"

@@ -411,7 +411,11 @@ def main() -> None:
     for name, value in per_step.items():
         print(f"{name:>18}: {value * 1e6:8.1f} us/step (median), {ratios[name]:.3f}x plain; "
               f"best run {best[name] * 1e6:8.1f} us/step, {best_ratios[name]:.3f}x")  # fmt: skip
-    print(f"lightning: {'measured' if lightning else 'not importable, not measured'}")
+    if lightning is not None:
+        print(f"trainer against lightning: {per_step['trainer'] / per_step['lightning']:.3f}x its step time "
+              f"(defaults: {per_step['trainer_defaults'] / per_step['lightning']:.3f}x)")  # fmt: skip
+    else:
+        print("lightning: not importable, not measured (pip install -r benchmarks/requirements.txt)")
     result: dict[str, object] = {
         "setup": {
             "model": f"MLP {FEATURES}-256-256-1, Adam",
@@ -431,6 +435,10 @@ def main() -> None:
         "best_ratio_to_plain": {name: round(value, 3) for name, value in best_ratios.items()},
         "runs_us_per_step": {name: [round(v * 1e6, 1) for v in values] for name, values in times.items()},
     }
+    if lightning is not None:
+        result["ratio_to_lightning"] = {
+            name: round(per_step[name] / per_step["lightning"], 3) for name in ("trainer", "trainer_defaults")
+        }
     if not args.no_ddp:
         result["ddp_2_ranks"] = ddp_compare(args.ddp_epochs, args.ddp_repeats)
     print(f"saved to {save('trainer_overhead', result)}")

@@ -28,7 +28,7 @@ Calls = list[tuple[str, str]]
 
 
 def recorder(who: str, name: str) -> Callable[..., None]:
-    def hook(self: Any, *args: Any) -> None:
+    def hook(self: Any, *args: Any, **kwargs: Any) -> None:
         self.calls.append((who, name))
 
     return hook
@@ -128,3 +128,68 @@ def test_what_a_module_logs_at_an_epochs_end_counts_and_monitoring_callbacks_see
     assert run.epoch_metrics["epoch_mark"] == 11.0
     assert run.epoch_metrics["val_mark"] == 7.0
     assert run.validate(LogsAtEpochEnds(), loader(2))[0]["val_mark"] == 7.0
+
+
+# -- beside Lightning itself
+
+#: Where GPUlayer's order deliberately differs from Lightning's, as (call, Lightning's, ours): none.
+DIFFERENCES: list[tuple[str, Calls, Calls]] = []
+
+
+def through_every_call(run: Any, module: Any, calls: Calls) -> dict[str, Calls]:
+    """The hooks ``module`` and its recording callback saw in fit, validate, test and predict."""
+    seen: dict[str, Calls] = {}
+    for call, given in (("fit", (loader(4), loader(2))), ("validate", (loader(2),)),
+                        ("test", (loader(2),)), ("predict", (loader(2),))):  # fmt: skip
+        calls.clear()
+        getattr(run, call)(module, *given)
+        seen[call] = list(calls)
+    return seen
+
+
+def test_the_hooks_run_as_they_do_under_lightning_itself(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning.pytorch")
+
+    class LightningRegression(lightning.LightningModule):  # type: ignore[misc]
+        """Regression's steps, on Lightning's module."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Dropout(0.0), torch.nn.Linear(4, 1))
+            self.lr, self.momentum, self.step_size = 0.1, 0.0, 0
+            self.autocast_dtypes: set[torch.dtype] = set()
+
+        forward = Regression.forward
+        training_step = Regression.training_step
+        validation_step = Regression.validation_step
+        test_step = Regression.test_step
+        predict_step = Regression.predict_step
+        configure_optimizers = Regression.configure_optimizers
+
+    module_hooks = {name: recorder("module", name) for name in hooks(gl.torch.Module)}
+    theirs_module = type("RecordedModule", (LightningRegression,), module_hooks)()
+    theirs_callback = type(
+        "RecordingCallback",
+        (lightning.Callback,),
+        {name: recorder("callback", name) for name in hooks(gl.torch.Callback)},
+    )()
+    ours_module, ours_callback = RecordedModule(), RecordingCallback()
+    theirs_calls: Calls = []
+    ours_calls: Calls = []
+    theirs_module.calls = theirs_callback.calls = theirs_calls
+    ours_module.calls = ours_callback.calls = ours_calls  # type: ignore[attr-defined]
+    # Each at its defaults (a sanity check of the validation included), but for what prints or logs.
+    theirs = lightning.Trainer(
+        accelerator="cpu", max_epochs=2, callbacks=[theirs_callback], default_root_dir=tmp_path / "lightning",
+        logger=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    ours = trainer(tmp_path / "ours", max_epochs=2, callbacks=[ours_callback])
+
+    expected = through_every_call(theirs, theirs_module, theirs_calls)
+    for call, lightnings, differing in DIFFERENCES:
+        assert expected[call] == lightnings
+        expected[call] = differing
+    found = through_every_call(ours, ours_module, ours_calls)
+    for call in expected:
+        assert found[call] == expected[call], call

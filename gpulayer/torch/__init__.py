@@ -27,12 +27,19 @@ from .summary import ModelSummary
 from .trainer import Trainer
 from .utilities import rank_zero_only, seed_everything
 
+# Lightning's names, so that a script moves by one line: `import lightning.pytorch as pl` becomes
+# `import gpulayer.torch as pl` (docs/trainer.md, "Coming from Lightning").
+LightningModule = Module
+LightningDataModule = DataModule
+
 __all__ = [
     "CSVLogger",
     "Callback",
     "DataModule",
     "EarlyStopping",
     "LearningRateMonitor",
+    "LightningDataModule",
+    "LightningModule",
     "Logger",
     "ModelCheckpoint",
     "ModelSummary",

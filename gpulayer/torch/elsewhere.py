@@ -11,6 +11,7 @@ import torch
 from . import data, launch, remote
 from .metrics import MetricsLog
 from .module import Module
+from .precision import Precision
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -31,6 +32,8 @@ def run(
         outcome = remote.run_job(trainer, work, seed)
     if outcome["checkpoint"] is not None:  # a fit: its weights, and what save_checkpoint writes
         trainer._last_checkpoint = outcome["checkpoint"]
+        # Of the type the ranks trained in (true precision), as the module of a fit here would be.
+        Precision(trainer.precision, torch.device("cpu")).convert_module(module)
         module.load_state_dict(outcome["checkpoint"]["state_dict"])
     for name in ("current_epoch", "global_step", "should_stop", "callback_metrics", "resumed_from"):
         setattr(trainer, name, outcome[name])
@@ -38,6 +41,8 @@ def run(
         if callback.state_key in outcome["callbacks"]:
             callback.load_state_dict(outcome["callbacks"][callback.state_key])
     trainer._metrics = MetricsLog(outcome["metrics"])
+    for logger in trainer.loggers:
+        logger.reload()
     return outcome["value"]
 
 

@@ -55,6 +55,10 @@ class Logger:
         """At the end of a Trainer call: ``"success"`` or ``"failed"``."""
         self.save()
 
+    def reload(self) -> None:
+        """After a call ran in ranks started elsewhere (each with its own copy of this logger): take
+        back what rank 0's copy wrote, so that the next call goes on from it."""
+
 
 class MetricsFiles(Logger):
     """The default: ``metrics.json`` (a list of the rows) and ``metrics.csv`` (one column per name) in
@@ -135,6 +139,16 @@ class CSVLogger(_Versioned):
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.rows.append({**metrics, "step": step})
+
+    def reload(self) -> None:
+        try:
+            with open(Path(self.log_dir) / "metrics.csv", newline="") as file:
+                self.rows = [
+                    {name: _number(text) for name, text in row.items() if text}
+                    for row in csv.DictReader(file)
+                ]
+        except FileNotFoundError:  # rank 0 wrote on another machine (a gang job), or wrote nothing
+            pass
 
     def save(self) -> None:
         if not self.rows:
@@ -218,3 +232,11 @@ def _yaml(params: dict[str, Any]) -> str:
     """``params`` as YAML, a ``name: value`` line each: JSON's values are YAML's (a value JSON has no
     form for is written as its text)."""
     return "".join(f"{name}: {json.dumps(value, default=str)}\n" for name, value in params.items())
+
+
+def _number(text: str) -> float | int:
+    """A CSV cell as the number it was written from."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)

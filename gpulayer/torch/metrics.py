@@ -174,7 +174,7 @@ class StageLog:
 
     __slots__ = (
         "batch", "device", "epoch", "forked", "hidden", "in_batches", "latest", "prog_bar", "ranks", "step",
-        "step_due", "training", "warned",
+        "step_due", "synced", "training", "warned",
     )  # fmt: skip
 
     def __init__(
@@ -196,6 +196,8 @@ class StageLog:
         #: Names logged both per step and per epoch (``<name>_step``, ``<name>_epoch``).
         self.forked: set[str] = set()
         self.warned: set[str] = set()
+        #: How each step value logged with ``sync_dist`` is reduced over ranks.
+        self.synced: dict[str, Reduce] = {}
         self.batch: Any = None
 
     def log(
@@ -234,6 +236,8 @@ class StageLog:
             self.latest[step_name] = kept
             if step_name != name:
                 self.latest[name] = kept
+            if sync_dist:
+                self.synced[step_name] = self.synced[name] = reduce
             if self.step_due:  # read only on the steps that are due
                 self.step[step_name] = self._synced(kept, reduce) if sync_dist else float(kept)
         if prog_bar:
@@ -260,8 +264,13 @@ class StageLog:
         return {name: means[f"{name}_epoch"] for name in self.forked if f"{name}_epoch" in means}
 
     def take_latest(self) -> dict[str, float]:
-        """The epoch's last ``on_step`` values (one host sync each), and forget them."""
-        latest = {name: float(value) for name, value in self.latest.items()}
+        """The epoch's last ``on_step`` values (one host sync each; those logged with ``sync_dist``
+        reduced over ranks, a collective), and forget them."""
+        synced = self.synced
+        latest = {
+            name: self._synced(value, synced[name]) if name in synced else float(value)
+            for name, value in sorted(self.latest.items())  # in one order on every rank
+        }
         self.latest.clear()
         return latest
 
