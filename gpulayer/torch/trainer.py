@@ -5,7 +5,7 @@ Where a call runs:
 
 * this process is already one rank of several (``torch.distributed`` is initialized, or the
   environment names its rank as torchrun and GPUlayer gang jobs do): it runs as that rank;
-* else ``devices > 1``: it starts that many ranks on this machine (see ``launch.py``) and waits;
+* else ``devices > 1``: it starts that many ranks on this machine (see ``spawn.py``) and waits;
 * else here, in this process.
 """
 
@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from ..functions import RemoteKeywords
 from ..models import CHECKPOINT_VARIABLE, JOB_ID_VARIABLE
-from . import checkpoint, data, launch, remote
+from . import checkpoint, data, remote, spawn
 from .callbacks import Callback, Hooks, ModelCheckpoint, Stage
 from .data_module import DataModule
 from .loops import FitLoop, Session, evaluate, predict
@@ -34,14 +34,13 @@ from .module import Module
 from .optim import Optimization
 from .precision import Precision, PrecisionName, precision_name
 from .progress import ProgressBar
-from .ranks import Ranks
+from .ranks import ACCELERATORS, Accelerator, RankProperties, Ranks
 
-Accelerator = Literal["auto", "cpu", "cuda", "mps"]
 #: Where a run's folder is when ``default_root_dir`` is not given, under the working directory.
 RUNS_FOLDER = "gpulayer_runs"
 
 
-class Trainer:
+class Trainer(RankProperties):
     """Runs a :class:`Module`'s steps: ``fit``, ``validate``, ``test``, ``predict``.
 
     ``accelerator``: ``"auto"`` takes CUDA, else MPS, else the CPU. ``devices``: ranks on this
@@ -98,7 +97,7 @@ class Trainer:
         resume: Literal["auto", False] | str | Path = "auto",
         job_options: RemoteKeywords | None = None,
     ) -> None:
-        if accelerator not in ("auto", "cpu", "cuda", "mps"):
+        if accelerator not in ACCELERATORS:
             raise ValueError(f"accelerator must be auto, cpu, cuda or mps, not {accelerator!r}")
         for name, value in (("devices", devices), ("num_nodes", num_nodes),
                             ("accumulate_grad_batches", accumulate_grad_batches),
@@ -153,23 +152,7 @@ class Trainer:
     def __repr__(self) -> str:
         return f"Trainer(devices={self.devices}, num_nodes={self.num_nodes}, run_dir={str(self.run_dir)!r})"
 
-    # -- what callbacks read
-
-    @property
-    def global_rank(self) -> int:
-        return self._ranks.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self._ranks.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self._ranks.world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self._ranks.is_zero
+    # -- what callbacks read (and RankProperties' global_rank, local_rank, world_size, ...)
 
     @property
     def checkpoint_callback(self) -> ModelCheckpoint | None:
@@ -353,7 +336,7 @@ class Trainer:
                 f"not the {expected} that devices={self.devices} x num_nodes={self.num_nodes} make",
                 stacklevel=3,
             )
-        device = self._device(ranks)
+        device = ranks.device(self.accelerator)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         ranks.join(device)
@@ -387,25 +370,6 @@ class Trainer:
             self.stage = None
         # Every rank ends the call together: rank 0 has written its files, none tears down early.
         ranks.barrier()
-
-    def _device(self, ranks: Ranks) -> torch.device:
-        kind = self.accelerator
-        if kind == "auto":
-            kind = (
-                "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-            )
-        if kind == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("accelerator='cuda', but PyTorch sees no CUDA GPU here")
-            # A gang job gives each rank its own GPUs (it sees them from index 0); several ranks
-            # started here share the machine's, one each.
-            return torch.device("cuda", ranks.local_rank % torch.cuda.device_count())
-        if kind == "mps":
-            if not torch.backends.mps.is_available():
-                raise RuntimeError("accelerator='mps', but PyTorch sees no MPS device here")
-            if ranks.distributed:
-                raise RuntimeError("MPS runs one rank: use devices=1")
-        return torch.device(kind)
 
     def _resume_path(self) -> Path | None:
         if self.resume is False:
@@ -459,7 +423,7 @@ class Trainer:
         seed = int(torch.randint(2**31 - 1, ()).item())
         work = _Call(self, call, module, args)
         if where == "ranks":
-            outcome = launch.run_ranks(self.devices, work, seed)
+            outcome = spawn.run_ranks(self.devices, work, seed)
         else:
             outcome = remote.run_job(self, work, seed)
         if outcome["state_dict"] is not None:
