@@ -177,6 +177,19 @@ def step_time(run: Callable[[int, Path], None], epochs: int, folder: Path) -> fl
     return (full - warm) / (epochs * SAMPLES // BATCH)
 
 
+def interleaved(
+    runners: dict[str, Callable[[int, Path], None]], epochs: int, repeats: int
+) -> dict[str, list[float]]:
+    """Each runner's :func:`step_time`, ``repeats`` times, the runners taking turns."""
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    with tempfile.TemporaryDirectory() as tmp:
+        plain(1, Path(tmp))  # first-use costs (PyTorch's lazy imports) paid before any timing
+        for _ in range(repeats):
+            for name, run in runners.items():
+                times[name].append(step_time(run, epochs, Path(tmp)))
+    return times
+
+
 # -- 2 DDP ranks: the Trainer's own ranks beside torchrun running a hand-written loop
 
 
@@ -397,12 +410,7 @@ def main() -> None:
     lightning = lightning_runner()
     if lightning is not None:
         runners["lightning"] = lightning
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    with tempfile.TemporaryDirectory() as tmp:
-        plain(1, Path(tmp))  # first-use costs (PyTorch's lazy imports) paid before any timing
-        for _ in range(args.repeats):
-            for name, run in runners.items():
-                times[name].append(step_time(run, args.epochs, Path(tmp)))
+    times = interleaved(runners, args.epochs, args.repeats)
 
     per_step = {name: median(values) for name, values in times.items()}
     best = {name: min(values) for name, values in times.items()}

@@ -9,7 +9,10 @@ trainer = gl.torch.Trainer(max_epochs=10, devices=2, callbacks=[gl.torch.EarlySt
 trainer.fit(Regression(), train_loader, val_loader)
 trainer.test(Regression(), test_loader, ckpt_path="best")
 
-Needs PyTorch: ``pip install 'gpulayer[torch]'``. See docs/trainer.md.
+def train(runtime: gl.torch.Runtime, epochs: int) -> float: ...   # a plain loop: setup, backward
+loss = gl.torch.launch(train, 10, devices=2)                        # as 2 ranks; rank 0's value
+
+Needs PyTorch: ``pip install 'gpulayer[torch]'``. See docs/trainer.md and docs/launch.md.
 """
 
 try:
@@ -19,10 +22,12 @@ except ImportError as missing:
 
 from .callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from .data_module import DataModule
+from .launcher import launch
 from .loggers import CSVLogger, Logger, TensorBoardLogger
 from .module import Module
 from .optim import OptimizerConfig, Optimizers, SchedulerConfig
 from .progress import ProgressBar
+from .runtime import Runtime
 from .summary import ModelSummary
 from .trainer import Trainer
 from .utilities import rank_zero_only, seed_everything
@@ -47,9 +52,11 @@ __all__ = [
     "OptimizerConfig",
     "Optimizers",
     "ProgressBar",
+    "Runtime",
     "SchedulerConfig",
     "TensorBoardLogger",
     "Trainer",
+    "launch",
     "rank_zero_only",
     "seed_everything",
 ]

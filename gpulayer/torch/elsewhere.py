@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from . import data, launch, remote
+from . import data, remote, spawn
 from .metrics import MetricsLog
 from .module import Module
 from .precision import Precision
@@ -27,7 +27,7 @@ def run(
         logger.log_dir  # noqa: B018
     work = Call(trainer, call, module, args)
     if where == "ranks":
-        outcome = launch.run_ranks(trainer.devices, work, seed)
+        outcome = spawn.run_ranks(trainer.devices, work, seed)
     else:
         outcome = remote.run_job(trainer, work, seed)
     if outcome["checkpoint"] is not None:  # a fit: its weights, and what save_checkpoint writes

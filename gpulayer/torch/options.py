@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
 
 import torch
 
 from .callbacks import Callback, ModelCheckpoint
 from .loggers import Logger, MetricsFiles
 from .progress import ProgressBar
+from .ranks import ACCELERATORS, Accelerator
 from .summary import ModelSummary
 
-Accelerator = Literal["auto", "cpu", "cuda", "mps"]
-#: Lightning's data-parallel strategies, all run the one way the Trainer runs ranks (see launch.py).
+#: Lightning's data-parallel strategies, all run the one way the Trainer runs ranks (see spawn.py).
 STRATEGIES = (
     "auto",
     "ddp",
@@ -31,7 +30,7 @@ def accelerator(name: str) -> Accelerator:
     """``"gpu"`` is Lightning's CUDA, or MPS on a Mac."""
     if name == "gpu":
         return "mps" if torch.backends.mps.is_available() else "cuda"
-    if name not in ("auto", "cpu", "cuda", "mps"):
+    if name not in ACCELERATORS:
         raise ValueError(f"accelerator must be auto, cpu, gpu, cuda or mps, not {name!r}")
     return name  # type: ignore[return-value]
 

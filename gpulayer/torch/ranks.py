@@ -13,13 +13,16 @@ import gc
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
 
 #: The variables that together say "this process is one rank of a process group".
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+Accelerator = Literal["auto", "cpu", "cuda", "mps"]
+ACCELERATORS: tuple[str, ...] = get_args(Accelerator)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,31 @@ class Ranks:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def node_rank(self) -> int:
+        """Which machine of the run this is (every machine runs ``local_world_size`` ranks)."""
+        return self.rank // self.local_world_size
+
+    def device(self, accelerator: Accelerator) -> torch.device:
+        """This rank's device: ``"auto"`` takes CUDA, else MPS, else the CPU; on CUDA, one GPU a rank."""
+        kind = accelerator
+        if kind == "auto":
+            kind = (
+                "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+            )
+        if kind == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("accelerator='cuda', but PyTorch sees no CUDA GPU here")
+            # A gang job gives each rank its own GPUs (it sees them from index 0); several ranks
+            # started here share the machine's, one each.
+            return torch.device("cuda", self.local_rank % torch.cuda.device_count())
+        if kind == "mps":
+            if not torch.backends.mps.is_available():
+                raise RuntimeError("accelerator='mps', but PyTorch sees no MPS device here")
+            if self.distributed:
+                raise RuntimeError("MPS runs one rank: use devices=1")
+        return torch.device(kind)
 
     def join(self, device: torch.device) -> None:
         """Join the process group (NCCL for CUDA, else gloo) unless this process is already in one.
@@ -112,6 +140,35 @@ class Ranks:
         box = [value]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+
+class RankProperties:
+    """Where this process is among the run's ranks, by Lightning's names: what the Trainer and the
+    Runtime both tell."""
+
+    _ranks: Ranks
+
+    @property
+    def global_rank(self) -> int:
+        """This rank's index among all the run's ranks (0 to ``world_size - 1``)."""
+        return self._ranks.rank
+
+    @property
+    def local_rank(self) -> int:
+        """This rank's index among its machine's ranks."""
+        return self._ranks.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self._ranks.node_rank
+
+    @property
+    def world_size(self) -> int:
+        return self._ranks.world_size
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self._ranks.is_zero
 
 
 def leave() -> None:

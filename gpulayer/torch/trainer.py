@@ -5,7 +5,7 @@ Where a call runs:
 
 * this process is already one rank of several (``torch.distributed`` is initialized, or the
   environment names its rank as torchrun and GPUlayer gang jobs do): it runs as that rank;
-* else ``devices > 1``: it starts that many ranks on this machine (see ``launch.py``) and waits;
+* else ``devices > 1``: it starts that many ranks on this machine (see ``spawn.py``) and waits;
 * else here, in this process.
 """
 
@@ -34,15 +34,15 @@ from .loops import FitLoop, Session, evaluate, predict
 from .metrics import MetricsLog
 from .module import Module
 from .optim import Optimization
-from .options import Accelerator, LoggerOption
+from .options import LoggerOption
 from .precision import Precision, PrecisionName, precision_name
-from .ranks import Ranks
+from .ranks import Accelerator, RankProperties, Ranks
 
 #: Where a run's folder is when ``default_root_dir`` is not given, under the working directory.
 RUNS_FOLDER = "gpulayer_runs"
 
 
-class Trainer:
+class Trainer(RankProperties):
     """Runs a :class:`Module`'s steps: ``fit``, ``validate``, ``test``, ``predict``.
 
     ``accelerator``: ``"auto"`` takes CUDA, else MPS, else the CPU; ``"gpu"`` is CUDA (MPS on a
@@ -202,23 +202,7 @@ class Trainer:
     def __repr__(self) -> str:
         return f"Trainer(devices={self.devices}, num_nodes={self.num_nodes}, run_dir={str(self.run_dir)!r})"
 
-    # -- what callbacks read
-
-    @property
-    def global_rank(self) -> int:
-        return self._ranks.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self._ranks.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self._ranks.world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        return self._ranks.is_zero
+    # -- what callbacks read (and RankProperties' global_rank, local_rank, world_size, ...)
 
     @property
     def logger(self) -> Logger | None:
@@ -456,7 +440,7 @@ class Trainer:
                 f"not the {expected} that devices={self.devices} x num_nodes={self.num_nodes} make",
                 stacklevel=3,
             )
-        device = self._device(ranks)
+        device = ranks.device(self.accelerator)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         ranks.join(device)
@@ -499,25 +483,6 @@ class Trainer:
     def _rank_loggers(self) -> list[Logger]:
         """The loggers this rank logs to: every one on rank 0, none elsewhere."""
         return self.loggers if self.is_global_zero else []
-
-    def _device(self, ranks: Ranks) -> torch.device:
-        kind = self.accelerator
-        if kind == "auto":
-            kind = (
-                "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-            )
-        if kind == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError("accelerator='cuda', but PyTorch sees no CUDA GPU here")
-            # A gang job gives each rank its own GPUs (it sees them from index 0); several ranks
-            # started here share the machine's, one each.
-            return torch.device("cuda", ranks.local_rank % torch.cuda.device_count())
-        if kind == "mps":
-            if not torch.backends.mps.is_available():
-                raise RuntimeError("accelerator='mps', but PyTorch sees no MPS device here")
-            if ranks.distributed:
-                raise RuntimeError("MPS runs one rank: use devices=1")
-        return torch.device(kind)
 
     def _resume_path(self) -> Path | None:
         if self.resume is False:

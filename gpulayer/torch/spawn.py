@@ -6,7 +6,8 @@ starts nothing there. The call (the trainer, the module, the data) reaches them 
 cloudpickle, which carries classes defined in that script or in a notebook by value. Each rank
 gets the environment torchrun would give it, so the Trainer inside joins the process group as
 it would under torchrun or in a GPUlayer gang job. A rank that raises ends them all, and its
-traceback is raised here. A rank whose parent dies is sent SIGINT.
+exception is raised here, caused by torch's ``ProcessRaisedException``, which holds the rank's
+traceback (that alone where the exception does not pickle). A rank whose parent dies is sent SIGINT.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 import cloudpickle
 import torch
-from torch.multiprocessing.spawn import start_processes
+from torch.multiprocessing.spawn import ProcessRaisedException, start_processes
 
 from ..network import free_port
 from .ranks import leave
@@ -34,18 +35,32 @@ def run_ranks(count: int, call: Callable[[], Any], seed: int) -> Any:
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="gpulayer-ranks-") as folder:
         result = Path(folder) / "rank0.pt"
-        start_processes(  # type: ignore[no-untyped-call]
-            _rank,
-            args=(count, port, seed, payload, str(result)),
-            nprocs=count,
-            join=True,
-            start_method="spawn",
-        )
+        try:
+            start_processes(  # type: ignore[no-untyped-call]
+                _rank,
+                args=(count, port, seed, payload, folder),
+                nprocs=count,
+                join=True,
+                start_method="spawn",
+            )
+        except ProcessRaisedException as failed:
+            # The rank's own exception, caused by torch's, which holds the rank's traceback.
+            raise _raised(Path(folder), failed.error_index) or failed from failed
         # Our own file, just written by our own rank 0: not data from elsewhere.
         return torch.load(result, weights_only=False)
 
 
-def _rank(rank: int, count: int, port: int, seed: int, payload: bytes, result: str) -> None:
+def _raised(folder: Path, rank: int) -> BaseException | None:
+    """The exception rank ``rank`` raised, if it pickled."""
+    try:
+        # Our own file, written by our own rank: not data from elsewhere.
+        error: BaseException = cloudpickle.loads((folder / f"rank{rank}.error").read_bytes())
+    except Exception:
+        return None
+    return error
+
+
+def _rank(rank: int, count: int, port: int, seed: int, payload: bytes, folder: str) -> None:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -60,12 +75,25 @@ def _rank(rank: int, count: int, port: int, seed: int, payload: bytes, result: s
     torch.manual_seed(seed + rank)
     random.seed(seed + rank)
     call: Callable[[], Any] = cloudpickle.loads(payload)
-    value = call()
+    try:
+        value = call()
+    except Exception as error:
+        _keep(error, Path(folder) / f"rank{rank}.error")
+        raise  # torch's wrapper reports it, and ends the other ranks
     if rank == 0:
-        torch.save(value, result)
+        torch.save(value, Path(folder) / "rank0.pt")
     leave()
     sys.stdout.flush()
     sys.stderr.flush()
     # Done, and rank 0's outcome is on disk: skip the interpreter's teardown, which takes seconds
     # with torch loaded and where gloo's threads now and then abort a finished rank.
     os._exit(0)
+
+
+def _keep(error: Exception, path: Path) -> None:
+    """Write ``error`` for the parent, where it pickles."""
+    try:
+        kept = cloudpickle.dumps(error)
+    except Exception:
+        return  # the parent raises torch's exception alone, which holds the traceback's text
+    path.write_bytes(kept)
