@@ -236,3 +236,17 @@ def test_a_value_logged_per_step_outside_training_batches_says_where_it_went(tmp
     ):
         run.fit(PerStepValidation(), loader(), loader(seed=1))
     assert "val_loss" in run.callback_metrics
+
+
+def test_a_call_given_no_model_takes_the_fitted_ones_best_checkpoint(tmp_path: Path) -> None:
+    run = trainer(tmp_path, max_epochs=2)
+    module = Regression()
+    run.fit(module, loader(), loader(seed=1))
+    [best] = run.test(dataloaders=loader(seed=2))
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.zero_()
+    [given] = run.test(module, loader(seed=2))  # a model given: its weights as they are
+    [again] = run.test(dataloaders=loader(seed=2))  # none: the best checkpoint's, as Lightning
+    assert given["test_loss"] != best["test_loss"]
+    assert again["test_loss"] == best["test_loss"]

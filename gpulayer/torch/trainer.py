@@ -288,8 +288,11 @@ class Trainer(RankProperties):
     ) -> list[dict[str, float]]:
         """Run ``validation_step`` over the data; the logged metrics' means over it, one dict per
         loader (as Lightning returns them). ``ckpt_path``: load these weights first (``"best"`` and
-        ``"last"`` name the checkpoint callback's). No model: the one fitted last."""
-        return self._evaluate("validate", self._model(model, "validate"), dataloaders, ckpt_path, datamodule)
+        ``"last"`` name the checkpoint callback's). No model: the one fitted last, with the weights of
+        its best checkpoint when no ``ckpt_path`` is given and the checkpoint callback kept one (as
+        Lightning does)."""
+        module, ckpt_path = self._model(model, "validate"), self._checkpoint_for(model, ckpt_path)
+        return self._evaluate("validate", module, dataloaders, ckpt_path, datamodule)
 
     def test(
         self,
@@ -299,7 +302,8 @@ class Trainer(RankProperties):
         datamodule: DataModule | None = None,
     ) -> list[dict[str, float]]:
         """Run ``test_step`` over the data; the logged metrics' means over it (see ``validate``)."""
-        return self._evaluate("test", self._model(model, "test"), dataloaders, ckpt_path, datamodule)
+        module, ckpt_path = self._model(model, "test"), self._checkpoint_for(model, ckpt_path)
+        return self._evaluate("test", module, dataloaders, ckpt_path, datamodule)
 
     def predict(
         self,
@@ -309,7 +313,7 @@ class Trainer(RankProperties):
         ckpt_path: str | Path | None = None,
     ) -> list[Any]:
         """``predict_step``'s output for each batch, in order, moved to the CPU (from every rank)."""
-        module = self._model(model, "predict")
+        module, ckpt_path = self._model(model, "predict"), self._checkpoint_for(model, ckpt_path)
         if (where := self._where()) != "here":
             return self._elsewhere(where, "predict", module, dataloaders, datamodule, ckpt_path)  # type: ignore[no-any-return]
         with self._session(module, "predict", datamodule) as session:
@@ -318,6 +322,13 @@ class Trainer(RankProperties):
             loader = data.for_evaluation(loader, rank=session.ranks.rank, world_size=session.ranks.world_size)
             limit = data.limited(data.length(loader), self.limit_predict_batches, "limit_predict_batches")
             return predict(self, session, module, loader, limit) if limit != 0 else []
+
+    def _checkpoint_for(self, given: Module | None, ckpt_path: str | Path | None) -> str | Path | None:
+        """The checkpoint a call loads: the one given; with no model, the fitted one's best."""
+        callback = self.checkpoint_callback
+        if given is None and ckpt_path is None and callback is not None and callback.best_model_path:
+            return "best"
+        return ckpt_path
 
     def _model(self, given: Module | None, call: str) -> Module:
         if given is not None:
