@@ -48,6 +48,7 @@ from .signing import Keyring
 from .store.artifacts import RedisArtifactStore, small_files
 from .store.jobs import JobStore, submitted, under_new_ids
 from .store.registry import IdentityRegistry
+from .submits import environment, needs_of_profile
 from .units import format_size
 from .unpickling import OwnCode, Policy, Refused, loads_data
 
@@ -130,12 +131,17 @@ class Calls:
         digest = self._ship(self._bundles.get(root))
         self._roots[digest] = root
         name = f"{getattr(function, '__module__', None) or '?'}.{getattr(function, '__qualname__', '?')}"
-        needs = validated(Requirements, options.requirements)
+        profiles = self._settings.profiles
+        given = options.requirements
+        if options.profile is not None:
+            given = needs_of_profile(options.profile, profiles, given)
+        needs = validated(Requirements, given)
         return build_spec(
             command=[name],
             function=FunctionSpec(name=name, bundle=digest, fresh_process=options.fresh_process),
             requirements=needs,
             distributed=Distributed.of(needs, options),
+            environment=environment(options, root, profiles),
             **options.kept(),
         )
 

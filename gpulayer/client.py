@@ -159,7 +159,7 @@ class Client:
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
-        options, needs = submits.options_and_needs(options, requirements, keywords)
+        options, needs = submits.options_and_needs(options, requirements, keywords, self.settings.profiles)
         argv = submits.argv(command)
         source_files = (
             archive.source_manifest(Path(source), self.settings.max_source_bytes, self.settings.home)
@@ -175,6 +175,9 @@ class Client:
             needs,
             source=source_files is not None,
             inputs=[arcname for arcname in input_files.members if "/" not in arcname],
+            environment=submits.environment(
+                options, Path(source) if source else None, self.settings.profiles
+            ),
         )
         if options.fail_if_unschedulable:
             self._check_schedulable(spec)
@@ -243,13 +246,14 @@ class Client:
         files or an idempotency key), :data:`SUBMIT_BATCH` per round trip and under one signature:
         many times faster than a loop of submits. Every command is checked before anything is
         written."""
-        options, needs = submits.options_and_needs(options, requirements, keywords)
+        options, needs = submits.options_and_needs(options, requirements, keywords, self.settings.profiles)
         if options.idempotency_key is not None:
             raise InvalidJobSpec("invalid job: a list of jobs takes no idempotency_key: it names one job")
         argvs = [submits.argv(command) for command in commands]
         if not argvs:
             return []
-        first = submits.command_spec(argvs[0], options, needs)
+        environment = submits.environment(options, None, self.settings.profiles)
+        first = submits.command_spec(argvs[0], options, needs, environment=environment)
         # One spec checked whole; the others differ from it only in their command.
         specs = [first, *(first.with_command(argv) for argv in argvs[1:])]
         if options.fail_if_unschedulable:

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from .environments import PythonEnvironment
 from .errors import InvalidJobSpec
 from .options import CommandOptions, GangOptions, Launcher
 from .requirements import DEFAULT, Requirements
@@ -162,6 +163,9 @@ class JobSpec(CommandOptions):
     function: FunctionSpec | None = None
     #: Set for a gang job: the command runs as ranks on several workers at once.
     distributed: Distributed | None = None
+    #: Set for a job that brings its own Python environment: its worker builds it (once per machine)
+    #: and runs the job with its ``python``.
+    environment: PythonEnvironment | None = None
 
     @property
     def queue(self) -> QueueSpec:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict
 
+from .environments import MAX_REQUIREMENT_CHARS, MAX_REQUIREMENTS, requirement_line
 from .requirements import RequirementKeywords
 
 #: Which failures of a job are retried: its worker was lost, its command exited non-zero, or both.
@@ -57,6 +58,9 @@ RESERVED_ENV = frozenset(
 RESERVED_ENV_PREFIXES = ("GPULAYER_", "TORCHELASTIC_")
 
 OutputPattern = Annotated[str, Field(min_length=1, max_length=1024)]
+PipSpec = Annotated[str, Field(min_length=1, max_length=MAX_REQUIREMENT_CHARS)]
+#: The largest requirements file a job may carry (its text travels in the job's signed spec).
+MAX_REQUIREMENTS_TEXT = 256 * 1024
 
 
 def reserved_variable(name: str) -> bool:
@@ -178,6 +182,47 @@ def _kept(options: type[RunOptions]) -> tuple[tuple[str, Any], ...]:
     )
 
 
+class EnvironmentOptions(BaseModel):
+    """The Python environment a job brings (docs/environments.md): its worker builds it with uv, once
+    per machine, and the job's ``python`` is that environment's. Made into the spec's
+    :class:`~gpulayer.environments.PythonEnvironment` at submit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    profile: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="A runtime profile (`gpulayer profiles` lists them): an accelerator, frameworks and "
+        "packages at once; the options given beside it win.",
+    )
+    pip: list[PipSpec] = Field(
+        default_factory=list,
+        max_length=MAX_REQUIREMENTS,
+        description="A package (PEP 508, e.g. 'six==1.16.0') installed in the job's own Python "
+        "environment, which its worker builds with uv from its own package index.",
+    )
+    requirements_text: str | None = Field(
+        default=None,
+        max_length=MAX_REQUIREMENTS_TEXT,
+        description="A requirements file's text (requirements only, no options), installed as pip's are.",
+    )
+    project_env: bool = Field(
+        default=False,
+        description="Install the source folder's project dependencies: its uv.lock, else its "
+        "pyproject.toml's [project] dependencies.",
+    )
+
+    @field_validator("pip")
+    @classmethod
+    def _pip_requirements(cls, pip: list[str]) -> list[str]:
+        return [requirement_line(text) for text in pip]
+
+    @property
+    def brings_environment(self) -> bool:
+        return bool(self.profile or self.pip or self.requirements_text or self.project_env)
+
+
 class _Given(BaseModel):
     """Options as a caller gives them. (Not a job's spec: a stored spec is read as it was written,
     without a Python step in pydantic's way, as the worker reads one per job.)"""
@@ -191,7 +236,7 @@ class _Given(BaseModel):
         return data
 
 
-class SubmitOptions(_Given, GangOptions, CommandOptions):
+class SubmitOptions(_Given, EnvironmentOptions, GangOptions, CommandOptions):
     """Everything a command job's submit may say of how it runs."""
 
     idempotency_key: str | None = Field(
@@ -204,7 +249,7 @@ class SubmitOptions(_Given, GangOptions, CommandOptions):
     )
 
 
-class CallOptions(_Given, GangOptions, RunOptions):
+class CallOptions(_Given, EnvironmentOptions, GangOptions, RunOptions):
     """How a remote function's calls run: what they need, and how they are retried and stopped."""
 
     #: What the machine must have: :class:`~gpulayer.Requirements`'s fields, checked as they are given.
@@ -233,7 +278,14 @@ class GangKeywords(TypedDict, total=False):
     launcher: Launcher | None
 
 
-class SubmitKeywords(RequirementKeywords, RunKeywords, GangKeywords, total=False):
+class EnvironmentKeywords(TypedDict, total=False):
+    profile: str | None
+    pip: Sequence[str]
+    requirements_text: str | None
+    project_env: bool
+
+
+class SubmitKeywords(RequirementKeywords, RunKeywords, GangKeywords, EnvironmentKeywords, total=False):
     """:class:`SubmitOptions`'s fields and :class:`~gpulayer.Requirements`'s, as the keywords of
     :meth:`gpulayer.Client.submit` (tests/test_submit_model.py keeps them in step with the models)."""
 
@@ -244,7 +296,7 @@ class SubmitKeywords(RequirementKeywords, RunKeywords, GangKeywords, total=False
     fail_if_unschedulable: bool
 
 
-class CallKeywords(RequirementKeywords, RunKeywords, GangKeywords, total=False):
+class CallKeywords(RequirementKeywords, RunKeywords, GangKeywords, EnvironmentKeywords, total=False):
     """:class:`CallOptions`'s fields, ``requirements`` given as its fields, as keywords."""
 
     fresh_process: bool

@@ -152,6 +152,18 @@ class Settings:
         default=5.0, metadata=_read(parse_duration, "positive")
     )
 
+    #: A TOML file of runtime profiles of one's own, added to GPUlayer's (docs/environments.md).
+    profiles: Path | None = dataclasses.field(default=None, metadata=_read(_path))
+    #: Where a worker keeps the Python environments it builds for jobs (default: ``envs`` in its
+    #: home; with ``--run-as``, beside its job folders), shared by the workers of a machine that use it.
+    env_cache: Path | None = dataclasses.field(default=None, metadata=_read(_path))
+    #: Past this size, the environments used least recently are removed (not one a job is using).
+    env_cache_max_bytes: int = dataclasses.field(
+        default=20 * 1024 * MiB, metadata=_read(parse_size, "positive")
+    )
+    #: A build of a job's environment taking longer than this (seconds) is stopped: the job fails.
+    env_build_timeout: float = dataclasses.field(default=1800.0, metadata=_read(parse_duration, "positive"))
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .archive import Manifest
+from .environments import PythonEnvironment, merged, requirement_line, requirements_file_lines
 from .errors import InvalidJobSpec
 from .models import Distributed, JobSpec, M, build_spec, validated
-from .options import SubmitOptions
+from .options import EnvironmentOptions, SubmitOptions
+from .profiles import profile
+from .projects import project_requirements
 from .requirements import Requirements
 
 
@@ -31,15 +35,45 @@ _OPTION_NAMES = frozenset(SubmitOptions.model_fields)
 
 
 def options_and_needs(
-    options: SubmitOptions | None, requirements: Requirements | None, keywords: Mapping[str, Any]
+    options: SubmitOptions | None,
+    requirements: Requirements | None,
+    keywords: Mapping[str, Any],
+    profiles: Path | None = None,
 ) -> tuple[SubmitOptions, Requirements]:
     """What a submit asked for, checked (:class:`InvalidJobSpec`): its options and its needs, each
-    given as its model or as its fields among ``keywords``."""
+    given as its model or as its fields among ``keywords``; the needs its profile sets (from
+    GPUlayer's and ``profiles``, a user's file) under those given as fields."""
     given = {name: value for name, value in keywords.items() if name in _OPTION_NAMES}
     fields = {name: value for name, value in keywords.items() if name not in _OPTION_NAMES}
-    return _model_or_fields(SubmitOptions, options, given, _NO_OPTIONS), _model_or_fields(
-        Requirements, requirements, fields, _NO_NEEDS
-    )
+    chosen = _model_or_fields(SubmitOptions, options, given, _NO_OPTIONS)
+    if chosen.profile is not None and requirements is None:
+        fields = needs_of_profile(chosen.profile, profiles, fields)
+    return chosen, _model_or_fields(Requirements, requirements, fields, _NO_NEEDS)
+
+
+def needs_of_profile(name: str, profiles: Path | None, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The requirement fields the profile ``name`` sets, with ``given`` over them."""
+    return {**profile(name, profiles).requirement_fields(), **given}
+
+
+def environment(
+    options: EnvironmentOptions, source: Path | None, profiles: Path | None = None
+) -> PythonEnvironment | None:
+    """The Python environment the options ask for (None: the worker's own), checked: the profile's
+    packages, with those given (``pip``, the requirements file's, the project's) over them."""
+    if not options.brings_environment:
+        return None
+    given = [*options.pip]
+    if options.project_env:
+        given += project_requirements(source)
+    try:
+        given += requirements_file_lines(options.requirements_text or "")
+        given = [requirement_line(text) for text in given]
+    except ValueError as exc:
+        raise InvalidJobSpec(f"invalid job: requirements: {exc}") from None
+    base = profile(options.profile, profiles).pip if options.profile else ()
+    lines = merged(base, given)
+    return validated(PythonEnvironment, {"requirements": lines}) if lines else None
 
 
 def command_spec(
@@ -49,6 +83,7 @@ def command_spec(
     *,
     source: bool = False,
     inputs: Sequence[str] = (),
+    environment: PythonEnvironment | None = None,
 ) -> JobSpec:
     """A command job's spec, checked (:class:`InvalidJobSpec`)."""
     return build_spec(
@@ -57,6 +92,7 @@ def command_spec(
         inputs=list(inputs),
         requirements=requirements,
         distributed=Distributed.of(requirements, options),
+        environment=environment,
         **options.kept(),
     )
 

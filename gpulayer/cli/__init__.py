@@ -5,6 +5,7 @@ from .agents import mcp
 from .app import main
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
+from .profiles import profiles
 from .server import down, up
 from .web import dashboard, server, token
 from .worker import join, worker
@@ -20,6 +21,7 @@ _COMMANDS = (
     resources,
     submit,
     plan,
+    profiles,
     list_jobs,
     status,
     why,

@@ -45,7 +45,7 @@ QUEUED_HINT_AFTER = 3.0
     type=click.Path(path_type=Path),
     help="File or folder placed in the working folder under its base name (repeatable).",
 )
-@model_options(SubmitOptions)
+@model_options(SubmitOptions, files={"requirements_text": "requirements"})
 @requirement_options
 @click.option(
     "--gpus-per-node", type=click.IntRange(0, 64), help="GPUs each node of a gang job needs (as --gpus)."
@@ -194,6 +194,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
         ("name", record.name),
         ("command", " ".join(record.command)),
         ("needs", record.spec.requirements.describe()),
+        ("python env", record.spec.environment.describe() if record.spec.environment else None),
         ("gang", _gang_text(record)),
         ("priority", record.spec.priority or None),
         ("state", record.state.value),

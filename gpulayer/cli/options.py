@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import annotated_types
@@ -16,16 +17,36 @@ from pydantic.fields import FieldInfo
 from .app import F, duration, key_values
 
 
-def model_options(model: type[BaseModel]) -> Callable[[F], F]:
+def model_options(model: type[BaseModel], files: Mapping[str, str] | None = None) -> Callable[[F], F]:
     """An option per field of ``model``, in its order. Each defaults to None (a flag to False): the
-    command passes on only what was given, and the model applies its own defaults."""
+    command passes on only what was given, and the model applies its own defaults. ``files`` names
+    text fields given as a file to read instead, with the flag each takes (``--requirements FILE``
+    gives ``requirements_text`` the file's text)."""
 
     def decorate(command: F) -> F:
         for name, field in reversed(model.model_fields.items()):
-            command = _option(name, field)(command)
+            flag = (files or {}).get(name)
+            command = (_file_option(flag, name, field) if flag else _option(name, field))(command)
         return command
 
     return decorate
+
+
+def _file_option(flag: str, name: str, field: FieldInfo) -> Callable[[F], F]:
+    def read(ctx: click.Context, param: click.Parameter, path: Path | None) -> str | None:
+        try:
+            return None if path is None else path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise click.BadParameter(f"cannot read {path}: {exc}") from None
+
+    return click.option(
+        "--" + flag,
+        name,
+        type=click.Path(dir_okay=False, path_type=Path),
+        callback=read,
+        metavar="FILE",
+        help=f"{field.description} Its text is read now and travels in the job.",
+    )
 
 
 def _option(name: str, field: FieldInfo) -> Callable[[F], F]:

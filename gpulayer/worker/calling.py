@@ -22,7 +22,7 @@ from .usage import ExecutorMeter
 #: What of its first call's environment an executor starts with: numeric libraries read their
 #: thread counts once, as they load, and every call an executor serves asks for the same (they come
 #: from its CPUs, part of the requirements in its key).
-_STARTS_WITH = ("HOME", "TMPDIR", "TMP", "TEMP", "PYTHONNOUSERSITE", *VARIABLES)
+_STARTS_WITH = ("HOME", "TMPDIR", "TMP", "TEMP", "PYTHONNOUSERSITE", "VIRTUAL_ENV", "PATH", *VARIABLES)
 
 
 class CallLaunch(Launch):
@@ -66,13 +66,13 @@ def _executor(job: LaunchContext, key: Key, folder: Path, env: Mapping[str, str]
     function = job.spec.function
     assert function is not None
     if not function.fresh_process:
-        executor = executors.acquire(key, env, folder)
+        executor = executors.acquire(key, env, folder, job.python)
         try:
             job.contain(ExecutorMeter(executor.process.pid), executor.box)
             return executor
         except OSError:
             executors.release(executor, keep=False)
-    executor = executors.start(key, env, folder)
+    executor = executors.start(key, env, folder, job.python)
     try:
         job.contain(ExecutorMeter(executor.process.pid), executor.box)
     except OSError:

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import site
 import sys
 import threading
 import time
@@ -18,11 +19,19 @@ from typing import Any
 
 from ..models import JobSpec
 from .boxes import Box, Containment
+from .env_builds import INTERPRETER
 from .executor_process import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
 
-#: How an executor starts: a fresh interpreter that imports the executor's module and runs it.
-_MAIN = "import sys; from gpulayer.worker.executor_process import main; main(sys.argv)"
+#: How an executor starts: a fresh interpreter that imports the executor's module and runs it. In
+#: a job's own Python environment, the worker's import folders come after the environment's own
+#: (those named after the two pipes): GPUlayer and what it imports are found there.
+_MAIN = (
+    "import site, sys; [site.addsitedir(folder) for folder in sys.argv[3:]]; "
+    "from gpulayer.worker.executor_process import main; main(sys.argv)"
+)
+#: Where the worker's Python finds GPUlayer and its packages.
+_WORKER_FOLDERS = (str(Path(__file__).resolve().parents[2]), *site.getsitepackages())
 #: An idle executor is stopped after this long (s) without a job.
 IDLE_LIMIT = 600.0
 
@@ -35,20 +44,29 @@ class Key:
     capability: str
     #: The CUDA devices it sees (``CUDA_VISIBLE_DEVICES``); empty for none.
     devices: str
+    #: The job's own Python environment's key; empty for the worker's Python.
+    environment: str = ""
 
     @classmethod
     def of(cls, spec: JobSpec, base_env: Mapping[str, str]) -> Key:
         """What a warm executor must match to run this job's call."""
         function = spec.function
         devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
-        return cls(function.bundle if function else "", spec.requirements.capability, devices)
+        environment = spec.environment.key(INTERPRETER) if spec.environment else ""
+        return cls(function.bundle if function else "", spec.requirements.capability, devices, environment)
 
 
 class Executor:
     """One executor process, its two pipes, and its output (read by the job's runner)."""
 
     def __init__(
-        self, processes: JobProcesses, key: Key, env: Mapping[str, str], cwd: Path, box: Box
+        self,
+        processes: JobProcesses,
+        key: Key,
+        env: Mapping[str, str],
+        cwd: Path,
+        box: Box,
+        python: str | None = None,
     ) -> None:
         self.key = key
         self.idle_since = time.monotonic()
@@ -57,7 +75,9 @@ class Executor:
         self.box = box
         request_read, request_write = os.pipe()
         reply_read, reply_write = os.pipe()
-        command = [sys.executable, "-c", _MAIN, str(request_read), str(reply_write)]
+        command = [python or sys.executable, "-c", _MAIN, str(request_read), str(reply_write)]
+        if python is not None:
+            command += _WORKER_FOLDERS
         try:
             self.process = processes.spawn(command, cwd, env, pass_fds=(request_read, reply_write), box=box)
         except OSError:
@@ -119,14 +139,15 @@ class ExecutorPool:
         self._lock = threading.Lock()
         self._idle: list[Executor] = []
 
-    def acquire(self, key: Key, env: Mapping[str, str], cwd: Path) -> Executor:
-        """A warm executor for ``key``, else a new one started in ``cwd`` with ``env``."""
+    def acquire(self, key: Key, env: Mapping[str, str], cwd: Path, python: str | None = None) -> Executor:
+        """A warm executor for ``key``, else a new one started in ``cwd`` with ``env`` (and
+        ``python``, a job's own environment's, for the worker's)."""
         self.close_stale()
         with self._lock:
             found = next((executor for executor in self._idle if executor.key == key), None)
             if found is not None:
                 self._idle.remove(found)
-        return found if found is not None else self.start(key, env, cwd)
+        return found if found is not None else self.start(key, env, cwd, python)
 
     def close_stale(self) -> None:
         """Stop idle executors that died, or sat idle past :data:`IDLE_LIMIT`."""
@@ -136,10 +157,10 @@ class ExecutorPool:
             self._idle = [executor for executor in self._idle if executor not in stale]
         self._close(stale)
 
-    def start(self, key: Key, env: Mapping[str, str], cwd: Path) -> Executor:
-        """A new executor for ``key``, started in ``cwd`` with ``env``."""
+    def start(self, key: Key, env: Mapping[str, str], cwd: Path, python: str | None = None) -> Executor:
+        """A new executor for ``key``, started in ``cwd`` with ``env`` (and ``python``)."""
         env = {**env, "PYTHONUNBUFFERED": "1"}
-        return Executor(self._processes, key, env, cwd, self._containment.executor_box())
+        return Executor(self._processes, key, env, cwd, self._containment.executor_box(), python)
 
     def release(self, executor: Executor, *, keep: bool) -> None:
         """Keep ``executor`` warm for the next job of its key, or stop it; the longest idle go when

@@ -60,6 +60,8 @@ class LaunchContext:
     outcome: Callable[[int, OutputSummary | None, str | None], Ending]
     #: Where rank 0 of the job's gang listens, once node 0 has said it ('' or None before).
     master: Callable[[], str | None]
+    #: The Python of the job's own environment, where it brings one (None: the worker's).
+    python: str | None = None
 
 
 @dataclasses.dataclass

@@ -44,6 +44,7 @@ from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .endings import Ending, StopReason
+from .env_builds import EnvironmentCache, Failed
 from .executor_pool import Executor, Key
 from .folders import Folders
 from .functions import FunctionRuntime
@@ -91,6 +92,8 @@ class Context:
     #: How the worker contains its jobs, and what each job may use (from what it asked for).
     containment: Containment
     limits: Callable[[JobSpec, Claim], Limits]
+    #: The Python environments jobs bring, built and kept on this machine.
+    environments: EnvironmentCache
     #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
@@ -266,7 +269,18 @@ class JobRunner:
             check_file(self.digests, CALL, hashlib.sha256(call).hexdigest())
         if self._launch.folder:
             env[CHECKPOINT_VARIABLE] = str(self._checkpoint_folder())
-        started = self._launch.start(self._view, env, call, announced)
+        if self.spec.environment is None:
+            return self._start(self._view, env, call, announced)
+        with self.context.environments.held(self.spec.environment, self.system) as ready:
+            if isinstance(ready, Failed):
+                return Ending(JobState.FAILED, reason=f"cannot build its Python environment: {ready.reason}")
+            env.update(ready.variables(env.get("PATH", self.base_env.get("PATH", ""))))
+            return self._start(dataclasses.replace(self._view, python=ready.python), env, call, announced)
+
+    def _start(
+        self, view: LaunchContext, env: dict[str, str], call: bytes | None, announced: str
+    ) -> Ending | None:
+        started = self._launch.start(view, env, call, announced)
         return started if isinstance(started, Ending) else self._follow_through(started)
 
     @functools.cached_property

@@ -50,6 +50,7 @@ from ..store.stores import Stores
 from .boxes import Limits
 from .cgroups import contain
 from .claiming import POLL_INTERVAL, ClaimLoop
+from .env_builds import EnvironmentCache
 from .executor_pool import ExecutorPool
 from .folders import Folders, remove_folder
 from .functions import CodeBundles, FunctionRuntime
@@ -201,10 +202,19 @@ class Worker(RQWorkerShim):
             self._check_archive,
             self._containment,
             self._limits,
+            self._environments(area),
             self._claiming.next_claim,
             self._claiming.took_for_slot,
             GpuMemory.open(self.offer.gpus),
         )
+
+    def _environments(self, area: Path | None) -> EnvironmentCache:
+        """The cache of the Python environments jobs bring: the setting's folder, else in the home;
+        with ``--run-as``, beside the job folders, where the job user may enter."""
+        settings = self.settings
+        root = settings.env_cache or (area / "envs" if area else settings.home / "envs")
+        environ = job_environment(os.environ)
+        return EnvironmentCache(root, settings.env_cache_max_bytes, settings.env_build_timeout, environ)
 
     def _functions(self, settings: Settings, processes: JobProcesses) -> FunctionRuntime:
         bundles = CodeBundles(self._bundles, self._stores.artifacts, settings.max_source_bytes)
