@@ -10,6 +10,7 @@ and then as data only unless the caller allows pickle (:mod:`gpulayer.unpickling
 
 from __future__ import annotations
 
+import importlib
 import io
 import pickle
 import sys
@@ -125,3 +126,21 @@ def load_result(key: WorkerKey, job_id: str, attempt: int, name: str, blob: byte
             f"job {job_id} returned a pickle that calls {refused}: refused "
             "(allow_pickle=True trusts this installation's workers with code)"
         ) from None
+
+
+def imported(path: str) -> Any:
+    """The function ``path`` names (``"module.function"``, ``"module.Class.method"``), imported where
+    its call runs: what a job enqueued through :mod:`gpulayer.rq` carries in place of the function."""
+    parts = path.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:cut])
+        try:
+            found: Any = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if not f"{module}.".startswith(f"{exc.name}."):
+                raise  # the module is there, and what it imports is not
+            continue
+        for attribute in parts[cut:]:
+            found = getattr(found, attribute)
+        return found
+    raise ImportError(f"no module of {path!r} can be imported")

@@ -133,6 +133,8 @@ def test_the_prelude_defines_every_constant_the_scripts_use() -> None:
             "GANGS",
             "GANG_WAKE",
             "GANG_ORIGINS",
+            "TAKEN_BY_RQ",
+            "UNSIGNED",
             "GANG_START_TRIES",
             "NEW_QUEUE",
             "PREFIX",

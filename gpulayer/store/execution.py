@@ -304,6 +304,12 @@ class ExecutionStore:
         """Drop expired jobs' ids from the indexes, looking at the ``oldest`` of each; returns how many."""
         return int(self._scripts.run("prune", [], [oldest, *queue_names]))
 
+    def forget(self, claim: Claim) -> bool:
+        """Free what the claimed job held on this worker if its record was deleted through RQ while it
+        ran (rq-dashboard's Delete); whether it was (else the job was taken over: nothing to free)."""
+        keys = [self._keys.job(claim.job_id), self._worker_key]
+        return bool(self._scripts.run("forget", keys, [claim.job_id, self.rq_name]))
+
     def requeue(self, mode: Literal["lost", "returned"], message: str, job_ids: Sequence[str] = ()) -> int:
         """Take jobs off this worker (all it holds when none are named): ``lost`` counts as a lost
         worker (a retry is used, or the job fails); ``returned`` puts them back, no retry used."""

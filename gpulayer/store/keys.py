@@ -44,6 +44,10 @@ class Keys:
         #: Set of the queue names of gang jobs that failed: where RQ's own requeue puts one back, in a
         #: queue no worker may serve, so the reaper looks there.
         self.gang_origins = f"{prefix}:gangs:origins"
+        #: Set of the ids of queued jobs a plain ``rq worker`` took (it cannot run them: their RQ
+        #: callable says so and marks them here), for the reaper to put back in their queues once RQ's
+        #: worker has failed them.
+        self.taken_by_rq = f"{prefix}:rq-taken"
         #: The name of the worker placing gang jobs now (with a short TTL): one at a time, so a big
         #: fleet does not read every worker's record once per worker.
         self.gangs_placing = f"{prefix}:gangs:placing"

@@ -13,19 +13,40 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from redis import Redis
-from rq.job import Job
+from rq.job import Job, get_current_job
 from rq.utils import now
 
+from .keys import Keys
+from .rq_names import RQNames
+
 #: The callable RQ sees. Only a GPUlayer worker runs these jobs; a plain ``rq worker`` that takes
-#: one fails it with the message below instead of running something else.
+#: one runs this instead, which hands the job back to GPUlayer (see :func:`run_on_gpulayer_worker`).
 RQ_FUNCTION = f"{__name__}.run_on_gpulayer_worker"
+#: Why a job RQ's own API enqueued (unsigned) ends failed, unrun, when a GPUlayer worker pops it.
+UNSIGNED = "unsigned: enqueue through gpulayer.rq.Queue"
+#: What a plain ``rq worker`` that took a GPUlayer job says, failing it in its own records.
+TAKEN_BY_RQ = (
+    "this is a GPUlayer job: it runs on `gpulayer worker start`, not on a plain `rq worker`; "
+    "it goes back to its queue for one"
+)
 _DESCRIPTION_MAX = 1000
 
 
 def run_on_gpulayer_worker(*args: Any, **kwargs: Any) -> NoReturn:
-    raise RuntimeError(
-        "this is a GPUlayer job: it runs on `gpulayer worker start`, not on a plain `rq worker`"
-    )
+    """What a plain ``rq worker`` runs for a GPUlayer job it took off a queue (it cannot run one: the
+    job is signed for GPUlayer's workers). The job is marked taken, then RQ's worker fails it in RQ's
+    records; the reaper of a GPUlayer worker then puts it back in its queue (reap.lua), where a
+    GPUlayer worker finds it. Outside a worker's job it just raises."""
+    job = get_current_job()
+    # The job's key is its installation's: "<prefix>:rq:job:<id>".
+    suffix = RQNames.of("").job.format(job.id) if job is not None else ""
+    if job is not None and job.key.endswith(suffix):
+        prefix = job.key.removesuffix(suffix)
+        with job.connection.pipeline() as pipe:
+            pipe.hset(job.key, "gl_taken_by_rq", job.worker_name or "?")
+            pipe.sadd(Keys(prefix).taken_by_rq, job.id)
+            pipe.execute()
+    raise RuntimeError(TAKEN_BY_RQ)
 
 
 def timestamp() -> str:

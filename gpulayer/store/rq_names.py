@@ -141,6 +141,11 @@ def _moved(namespace: str, name: str) -> str:
     return namespace + name.removeprefix(RQ_NAMESPACE)
 
 
+def _moved_if_rqs(names: RQNames, name: str) -> str:
+    """``name`` in ``names``' namespace if it is in RQ's own, else as it is (already moved)."""
+    return names.moved(name) if name.startswith(RQ_NAMESPACE) else name
+
+
 def _current_job_id(worker: BaseWorker) -> str | None:
     """The job RQ's view of a worker names: its hash's ``current_job``, which RQ 2 reads and
     GPUlayer's scripts write. (RQ 3 reads an index of executions that only its own worker keeps.)"""
@@ -160,6 +165,7 @@ def point_rq_at(names: RQNames) -> Callable[[], None]:
     GPUlayer's scripts write it, under RQ 2 and RQ 3 alike. Returns what undoes it. GPUlayer itself
     never calls this: a process may serve several installations, or use RQ for something else."""
     key_of: Callable[[str], str] = names.results.format
+    execution_key = vars(executions.Execution)["key"].fget
     percent = {field: getattr(names, field).replace("{}", "%s") for field in ("workers_of", "pubsub")}
     changes: list[tuple[Any, str, Any]] = [
         (Job, "redis_job_namespace_prefix", names.job.removesuffix("{}")),
@@ -176,6 +182,12 @@ def point_rq_at(names: RQNames) -> Callable[[], None]:
         (BaseWorker, "get_current_job_id", _current_job_id),
         (BaseWorker, "get_current_job", _current_job),
         (results.Result, "get_key", classmethod(lambda _cls, job_id: key_of(job_id))),
+        # RQ 2 spells an execution's key whole ("rq:execution:..."); RQ 3 from RQ_KEY_PREFIX (below).
+        (
+            executions.Execution,
+            "key",
+            property(lambda execution: _moved_if_rqs(names, execution_key(execution))),
+        ),
         # RQ 2 also reads it through a function of the module; RQ 3 has none.
         *([(results, "get_key", key_of)] if "get_key" in vars(results) else []),
         *((owner, attribute, names.moved(name)) for owner, attribute, name in _OTHERS),

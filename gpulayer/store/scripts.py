@@ -38,6 +38,7 @@ from ..models import WORKER_LOST, JobState
 from ..settings import Settings
 from .histograms import RUN_BUCKETS, START_BUCKETS, bounds_ms
 from .keys import Keys
+from .rq_jobs import UNSIGNED
 
 #: A gang job that fails to start this many times (a rank cannot be spawned, a worker vanishes before
 #: its part starts) fails; before that, it goes back to wait for workers.
@@ -58,6 +59,7 @@ _NAMES = (
     "gang",
     "keep_checkpoint",
     "spoil",
+    "forget",
 )
 #: The scripts whose writes a submit acknowledges: with ``submit_replicas``, replicas have them first.
 _SUBMITS = frozenset({"submit", "submit_many"})
@@ -90,6 +92,8 @@ def prelude(keys: Keys) -> str:
         "GANGS": keys.gangs,
         "GANG_WAKE": keys.gang_wake,
         "GANG_ORIGINS": keys.gang_origins,
+        "TAKEN_BY_RQ": keys.taken_by_rq,
+        "UNSIGNED": UNSIGNED,
         "GANG_START_TRIES": GANG_START_TRIES,
         "NEW_QUEUE": keys.new_queue,
         "PREFIX": keys.queue_name(""),

@@ -547,11 +547,7 @@ class JobRunner:
         if claimed is not None:
             self.context.took(claimed)
         if finished == "lost":
-            log.warning(
-                "job %s: attempt %d lost the job before it ended; its result is dropped",
-                self.job_id,
-                self.claim.attempt,
-            )
+            self._lost("its result is dropped")
         elif log.isEnabledFor(logging.INFO):  # a busy worker logs at WARNING: spare the formatting
             said = f"{state.value}{f': {reason}' if reason else ''} ({seconds:.3f} s)"
             if finished == "ended":
@@ -572,9 +568,15 @@ class JobRunner:
             message = f"worker {self.context.store.worker} stopped; the job goes back to its queue"
             self.through_outage(self.context.store.requeue, "returned", message, [self.job_id])
         else:
-            log.warning(
-                "job %s: attempt %d lost the job; its processes were stopped", self.job_id, self.claim.attempt
-            )
+            self._lost("its processes were stopped")
+
+    def _lost(self, then: str) -> None:
+        """This attempt no longer owns the job: taken over, or deleted through RQ (then what it held
+        here is freed: nothing else would)."""
+        if self.through_outage(self.context.store.forget, self.claim):
+            log.warning("job %s: deleted through RQ while it ran; %s", self.job_id, then)
+        else:
+            log.warning("job %s: attempt %d lost the job; %s", self.job_id, self.claim.attempt, then)
 
     def system(self, line: str) -> None:
         """A line of the worker's own in the job's log (saying which node, for a gang job's part)."""

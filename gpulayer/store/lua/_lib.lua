@@ -1,5 +1,5 @@
 -- Shared by every script: the loader puts the prelude (K, JOBS, QUEUES, LEASES, DELAYED, GANGS,
--- GANG_WAKE, GANG_ORIGINS, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_WORKERS, RQ_STATUS,
+-- GANG_WAKE, GANG_ORIGINS, TAKEN_BY_RQ, UNSIGNED, GANG_START_TRIES, NEW_QUEUE, PREFIX, RQ_QUEUES, RQ_WORKERS, RQ_STATUS,
 -- EVENTS, START_LATENCY, START_BUCKETS, RUN_TIME, RUN_BUCKETS, ENDED_COUNTS, FINAL, WORKER_LOST; see
 -- gpulayer/store/scripts.py) and then this file before the scripts: on Redis 7 once, before the
 -- library's functions (one per script), on 6.2 before each script. Either way each script starts
@@ -600,6 +600,24 @@ end
 local function spoil(id, jobkey, why, now_text)
   redis.call('hset', jobkey, 'gl_reason', 'corrupt record: ' .. why)
   end_job(id, jobkey, 'failed', now_text)
+end
+
+-- A job RQ's own API put in a queue (a plain Queue.enqueue: no GPUlayer record, nothing signed it) is
+-- never run: it ends failed in RQ's view (its status, its failed registry, its exc_info and latest
+-- result), saying how to enqueue it, rather than vanishing from the queue.
+local function refuse_unsigned(id, jobkey, queue, now_text)
+  if redis.call('exists', jobkey) == 0 then
+    return
+  end
+  local ttl = tonumber(redis.call('hget', jobkey, 'failure_ttl')) or RETENTION
+  local text = zlib_stored(UNSIGNED)
+  local results = key(K.results, id)
+  redis.call('hset', jobkey, 'status', RQ_STATUS.failed, 'ended_at', now_text, 'exc_info', text)
+  redis.call('zadd', key(K.failed, queue), math.floor(now_ms() / 1000) + ttl, id)
+  redis.call('xadd', results, 'MAXLEN', '~', 10, '*', 'type', 2, 'exc_string', base64(text), 'worker_name', '',
+    'execution_id', '0')
+  redis.call('expire', jobkey, ttl)
+  redis.call('expire', results, ttl)
 end
 
 -- RQ's requeue (rq-dashboard's, job.requeue(), a registry's requeue()) puts an ended job back in its

@@ -17,7 +17,8 @@
 -- it running (a job with no files to fetch first: gl_starts_at_claim), else '', and for such a job
 -- its input files' hash as field, value pairs (a function's call; empty for a command).
 -- A queue whose next job does not fit now is passed over; ids whose job is gone or no longer queued are
--- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker; an ended
+-- dropped; a job whose record cannot be run (unsound) fails, saying why, without a worker; a plain
+-- RQ job (no record of GPUlayer's) fails in RQ's view, unrun (refuse_unsigned); an ended
 -- job that RQ's own requeue put back in its queue runs again or is refused (take_requeue).
 local out = {redis.call('zcard', GANGS)}
 for _, id in ipairs(redis.call('lpop', KEYS[4], 1000) or {}) do
@@ -81,6 +82,8 @@ for q = 8, #ARGV, 5 do
     end
     if why then
       spoil(id, jobkey, why, ARGV[3])
+    elseif not state then
+      refuse_unsigned(id, jobkey, queue, ARGV[3])
     elseif requeued_by_rq(jobkey, state, row[6]) then
       take_requeue(id, jobkey, state)
     elseif state == 'queued' then
