@@ -65,9 +65,10 @@ def _locked(folder: Path) -> list[str]:
 def read_toml(path: Path) -> dict[str, Any]:
     """The TOML file ``path``; ValueError (OSError too) saying why it cannot be read."""
     try:
-        return tomllib.loads(path.read_text())
+        found: dict[str, Any] = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(str(exc)) from None
+    return found
 
 
 def _declared(pyproject: Path) -> list[str]:
