@@ -159,3 +159,16 @@ def test_a_call_with_no_model_before_any_fit_says_so(tmp_path: Path) -> None:
         ValueError, match=r"^test needs a model: none was given, and this trainer has fitted none$"
     ):
         trainer(tmp_path).test(dataloaders=loader(2))
+
+
+def test_what_lightning_has_and_gpulayer_does_not_is_refused_naming_what_to_use() -> None:
+    import gpulayer.torch as pl
+
+    with pytest.raises(AttributeError, match=r"^gpulayer\.torch\.cli: LightningCLI is not part .*argparse"):
+        pl.cli  # noqa: B018
+    with pytest.raises(AttributeError, match=r"^gpulayer\.torch\.strategies: .*strategy='ddp'"):
+        pl.strategies  # noqa: B018
+    with pytest.raises(AttributeError, match=r"^gpulayer\.torch\.loggers\.WandbLogger: only CSVLogger and"):
+        pl.loggers.WandbLogger  # noqa: B018
+    with pytest.raises(ValueError, match="fsdp"):
+        gl.torch.Trainer(strategy="fsdp")

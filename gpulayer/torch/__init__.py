@@ -37,6 +37,23 @@ from .utilities import rank_zero_only, seed_everything
 LightningModule = Module
 LightningDataModule = DataModule
 
+#: What a Lightning script may reach for that gpulayer.torch does not have, and what to use instead.
+_ELSEWHERE = {
+    "cli": "LightningCLI is not part of gpulayer.torch: parse the arguments with argparse or click",
+    "tuner": "the tuner (lr_find, batch size scaling) is not part of gpulayer.torch: set them by hand",
+    "profilers": "profilers are not part of gpulayer.torch: run torch.profiler from a Callback",
+    "strategies": "gpulayer.torch runs data-parallel ranks only: Trainer(strategy='ddp')",
+    "LightningApp": "Lightning apps are not part of gpulayer.torch: submit jobs with gpulayer",
+}
+
+
+def __getattr__(name: str) -> object:
+    # A one-line answer that names the replacement, instead of Python's bare "no attribute".
+    if name in _ELSEWHERE:
+        raise AttributeError(f"gpulayer.torch.{name}: {_ELSEWHERE[name]}")
+    raise AttributeError(f"module 'gpulayer.torch' has no attribute {name!r}")
+
+
 __all__ = [
     "CSVLogger",
     "Callback",

@@ -240,3 +240,13 @@ def _number(text: str) -> float | int:
         return int(text)
     except ValueError:
         return float(text)
+
+
+def __getattr__(name: str) -> object:
+    # Lightning's other loggers (WandbLogger, MLFlowLogger, ...): one line that says what to use.
+    if name.endswith("Logger"):
+        raise AttributeError(
+            f"gpulayer.torch.loggers.{name}: only CSVLogger and TensorBoardLogger are built in; "
+            "subclass gl.torch.Logger, or read trainer.callback_metrics from a Callback"
+        )
+    raise AttributeError(f"module 'gpulayer.torch.loggers' has no attribute {name!r}")
