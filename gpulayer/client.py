@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import threading
 import time
@@ -34,6 +36,7 @@ from .errors import (
     WaitTimeout,
     WorkerNotFound,
 )
+from .home import private_folder
 from .inventory import WorkerInfo
 from .models import (
     JobRecord,
@@ -45,6 +48,7 @@ from .models import (
 from .network import redact
 from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
+from .pulls import Progress, Pull
 from .requirements import Requirements
 from .settings import Settings
 from .store.artifacts import (
@@ -62,6 +66,8 @@ from .units import format_size
 from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
+#: Where, in a client's home, outputs a worker keeps are pulled to (and resumed from).
+DOWNLOADS = "downloads"
 #: The longest (ms) a wait on many jobs blocks on the first :data:`_FIRST` of them at a time.
 _TURN = 50
 _FIRST = 64
@@ -476,27 +482,49 @@ class Job:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         return outcome in ("cancelled", "requested")
 
-    def outputs_archive(self, dest: IO[bytes]) -> None:
+    def outputs_archive(self, dest: IO[bytes], progress: Progress | None = None) -> None:
         """Write the job's outputs, as the gzip-compressed tar archive its worker stored, to ``dest``,
         and check that the worker that ran the attempt which made it signed it: :class:`UntrustedPayload`
         if not (what ``dest`` got must then be thrown away); :class:`OutputNotProduced` if it stored
-        none (or they expired)."""
-        self._signed_outputs(self.status(), dest, f"job {self.id} has no stored outputs")
+        none (or they expired); :class:`OutputsUnavailable` if they are kept on a worker that is gone.
+        ``progress``: called with the bytes so far and in all as outputs a worker keeps come."""
+        with self._outputs(self.status(), f"job {self.id} has no stored outputs", progress) as archive:
+            shutil.copyfileobj(archive, dest)
 
-    def _signed_outputs(self, record: JobRecord, dest: IO[bytes], missing: str) -> None:
-        try:
-            sha256, seal = self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
-        except MissingArtifact:
-            raise OutputNotProduced(missing) from None
-        self.client.stores.registry.check_archive(record, OUTPUTS_ARCHIVE, sha256, seal)
+    @contextlib.contextmanager
+    def _outputs(self, record: JobRecord, missing: str, progress: Progress | None) -> Iterator[IO[bytes]]:
+        """The job's outputs archive, checked, open at its start: read from Redis, or pulled from the
+        worker that keeps it into the client's downloads folder (resumed there, removed once read)."""
+        stores = self.client.stores
+        held = stores.artifacts.held_outputs(self.id, OUTPUTS_ARCHIVE)
+        if held is None:
+            with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
+                try:
+                    sha256, seal = stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
+                except MissingArtifact:
+                    raise OutputNotProduced(missing) from None
+                stores.registry.check_archive(record, OUTPUTS_ARCHIVE, sha256, seal)
+                file.seek(0)
+                yield file
+            return
+        sender = stores.registry.check_archive(record, OUTPUTS_ARCHIVE, held.sha256, held.seal)
+        downloads = private_folder(self.client.settings.home / DOWNLOADS)
+        named = hashlib.sha256(self.id.encode()).hexdigest()[:16]
+        partial = downloads / f"{named}-{held.sha256[:16]}.part"
+        Pull(stores.transfers, sender, self.id, OUTPUTS_ARCHIVE, held, partial, progress).run()
+        with open(partial, "rb") as file:
+            yield file
+        partial.unlink(missing_ok=True)
 
-    def download_outputs(self, dest: PathLike) -> list[Path]:
+    def download_outputs(self, dest: PathLike, progress: Progress | None = None) -> list[Path]:
         """Unpack the job's outputs into ``dest`` (made if missing), each at its path in the job's
         folder (``results/a.csv`` lands in ``dest/results/a.csv``); returns the files written. Only
         an archive signed by the worker that ran the job is unpacked (else :class:`UntrustedPayload`,
         nothing written), and of it only what the job declared as outputs, inside ``dest``. Raises
         :class:`ArchiveError`, having written nothing, if ``dest`` or a folder in it cannot take them,
-        and :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced."""
+        and :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced.
+        Outputs too large for Redis come from the worker that keeps them (``progress`` is told how far
+        along), resuming a pull that stopped; :class:`OutputsUnavailable` if that worker is gone."""
         record = self.status()
         if not record.state.is_terminal:
             raise JobNotFinished(f"job {self.id} is {record.state.value}; outputs are uploaded when it ends")
@@ -507,16 +535,13 @@ class Job:
             raise OutputNotProduced(
                 f"job {self.id} stored no outputs (it ended {record.state.value}{reason})"
             )
-        folder = Path(dest)
         # Made by the unpacking, once it found room for every file: an unwritable folder is one
         # line, and nothing is half written.
-        with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
-            self._signed_outputs(record, file, f"the outputs of job {self.id} have expired")
-            file.seek(0)
+        with self._outputs(record, f"the outputs of job {self.id} have expired", progress) as file:
             written = extract(
                 file,
-                folder,
-                max_bytes=self.client.settings.max_job_bytes,
+                Path(dest),
+                max_bytes=max(self.client.settings.max_job_bytes, record.outputs.bytes),
                 replace=True,
                 keep=archive.declared(record.spec.outputs),
             )

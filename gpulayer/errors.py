@@ -26,6 +26,7 @@ HTTP API answers with; a subclass that says nothing has its group's. The tree::
     │   ├── RedisUnavailable    1   503  the Redis server cannot be reached
     │   ├── NotReplicated       1   503  a submit the master took, but fewer replicas had it in time
     │   ├── SubmitFailed        1   503  background submits that did not reach Redis: no such jobs
+    │   ├── OutputsUnavailable  1   503  the worker keeping a job's outputs is gone or does not answer
     │   └── WaitTimeout        75   503  a wait ended before the job did
     ├── ConfigError             1   500  no Redis URL known, a bad setting
     ├── ServerError             1   500  the embedded Redis or a local worker failed to start or stop
@@ -147,6 +148,10 @@ class SubmitFailed(Unavailable):
     def __init__(self, message: str, job_ids: list[str]) -> None:
         super().__init__(message)
         self.job_ids = job_ids
+
+
+class OutputsUnavailable(Unavailable):
+    """The worker that keeps a job's outputs (too large for Redis) is gone, or does not answer."""
 
 
 class WaitTimeout(Unavailable):

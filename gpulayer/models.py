@@ -242,6 +242,9 @@ class OutputSummary(BaseModel):
     bytes: int = 0
     #: Declared patterns that matched nothing.
     missing: list[str] = Field(default_factory=list)
+    #: The worker that keeps them, when they were over what Redis holds (``redis_outputs_max_bytes``):
+    #: a download pulls them from it. None: they are in Redis.
+    held_by: str | None = None
 
 
 #: How an attempt ended: as a job ends; or ``lost`` (its worker stopped renewing its lease, or

@@ -117,8 +117,12 @@ class Settings:
     log_line_max_bytes: int = dataclasses.field(default=16 * 1024, metadata=_read(parse_size, "positive"))
     #: Source folders larger than this (after the ignore rules) are refused at submit.
     max_source_bytes: int = dataclasses.field(default=100 * MiB, metadata=_read(parse_size, "positive"))
-    #: A job's stored files — source and inputs, and separately its outputs — may not exceed this.
+    #: A job's files stored in Redis — source and inputs, a function's result, a checkpoint folder —
+    #: may not exceed this (outputs above ``redis_outputs_max_bytes`` stay on their worker instead).
     max_job_bytes: int = dataclasses.field(default=256 * MiB, metadata=_read(parse_size, "positive"))
+    #: A job's outputs up to this size (its files, before packing) are kept in Redis; larger ones stay
+    #: on the worker that ran it, and a download pulls them through Redis a few chunks at a time.
+    redis_outputs_max_bytes: int = dataclasses.field(default=64 * MiB, metadata=_read(parse_size, "positive"))
     #: Ended jobs, with their logs and outputs, are kept this long (seconds).
     retention_seconds: int = dataclasses.field(default=7 * 86400, metadata=_read(_whole_seconds, "positive"))
     #: After SIGTERM, a job's processes have this long (seconds) before SIGKILL.

@@ -340,6 +340,8 @@ def _outputs_text(record: JobRecord) -> str | None:
     if record.outputs is None:
         return None
     text = f"{record.outputs.files} file(s), {record.outputs.bytes} bytes"
+    if record.outputs.held_by:
+        text += f", kept on worker {record.outputs.held_by} (over what Redis holds)"
     if record.outputs.missing:
         text += "; not produced: " + ", ".join(record.outputs.missing)
     return text

@@ -11,6 +11,7 @@ or an object store would implement the same methods and keep its files alive the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -50,6 +51,17 @@ Sealer = Callable[[str], str]
 Sealed = tuple[str, str | None]
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldArchive:
+    """An archive kept on the worker that made it, as Redis records it: which worker, its size and
+    SHA-256, and its seal (None: unsealed)."""
+
+    worker: str
+    size: int
+    sha256: str
+    seal: str | None
+
+
 class ArtifactStore(Protocol):
     def put_inputs(
         self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
@@ -68,6 +80,10 @@ class ArtifactStore(Protocol):
         pipe: Pipeline | None = None,
         seal: Sealer | None = None,
     ) -> str: ...
+
+    def hold_outputs(self, job_id: str, attempt: int, name: str, held: HeldArchive) -> None: ...
+
+    def held_outputs(self, job_id: str, name: str) -> HeldArchive | None: ...
 
     def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str: ...
 
@@ -119,6 +135,32 @@ class RedisArtifactStore:
         """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish).
         ``seal``: the worker's signature over it, kept with it (a function's result is signed inside)."""
         return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe, seal)
+
+    def hold_outputs(self, job_id: str, attempt: int, name: str, held: HeldArchive) -> None:
+        """Stage one attempt's record of an output archive its worker keeps (no chunks): it becomes
+        the job's, and expires with it, as :meth:`put_outputs`'s files do."""
+        key = self._keys.staged_outputs(job_id, attempt)
+        meta = {"size": held.size, "chunks": 0, "sha256": held.sha256, "seal": held.seal, "held": held.worker}
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(key, name, json.dumps(meta))
+        pipe.expire(key, PENDING_TTL)
+        pipe.execute()
+
+    def held_outputs(self, job_id: str, name: str) -> HeldArchive | None:
+        """The job's record of output archive ``name`` if its worker keeps it (None: not stored, or
+        stored here); :class:`CorruptArtifact` if the record cannot be read."""
+        raw = self._redis.hget(self._keys.outputs(job_id), name)
+        if raw is None:
+            return None
+        try:
+            meta = json.loads(raw)
+            if "held" not in meta:
+                return None
+            seal = meta.get("seal")
+            seal = seal if isinstance(seal, str) else None
+            return HeldArchive(str(meta["held"]), int(meta["size"]), str(meta["sha256"]), seal)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise CorruptArtifact(f"{name}: its record cannot be read") from None
 
     def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str:
         """Stage an attempt's checkpoint archive (``keep_checkpoint.lua`` makes it the job's), sealed."""
@@ -199,6 +241,8 @@ class RedisArtifactStore:
         if raw is None:
             raise MissingArtifact(name)
         meta = json.loads(raw)
+        if "held" in meta:
+            raise MissingArtifact(f"{name} is kept on worker {meta['held']}")
         digest = hashlib.sha256()
         size = 0
         for start in range(0, meta["chunks"], _BATCH):

@@ -251,6 +251,13 @@ class JobStore:
             pipe.xread(dict.fromkeys(chunk, "0-0"), count=1, block=block_ms)
         return done
 
+    def exist(self, job_ids: list[str]) -> list[bool]:
+        """Whether each job is still stored (not past its retention), in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(self._keys.job(job_id))
+        return [bool(found) for found in pipe.execute()] if job_ids else []
+
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists."""
         return self._found(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))

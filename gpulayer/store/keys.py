@@ -119,6 +119,17 @@ class Keys:
             # Stream of a worker's telemetry samples (CPU, memory, each GPU's use), capped at an hour's
             # worth and gone an hour after its last, by worker name.
             "telemetry": f"{prefix}:telemetry:{{}}",
+            # Stream of the requests for outputs a worker holds (an id, a job, an offset, the asking
+            # client's key), by worker name; capped, and gone a day after the last.
+            "transfers": f"{prefix}:worker:{{}}:transfers",
+            # When a worker last said it serves the outputs it holds (ISO time), kept a retention
+            # period: how a client tells a worker gone, and since when; by worker name.
+            "serving": f"{prefix}:worker:{{}}:serving",
+            # List of one transfer's messages, sender to receiver (a signed hello, then chunks sealed
+            # to the receiver; never more than a window of them), by transfer id (random, the asker's).
+            "transfer": f"{prefix}:transfer:{{}}",
+            # List of the receiver's acks of one transfer (how many chunks it has written), by id.
+            "transfer_acks": f"{prefix}:transfer:{{}}:acks",
             # Set of the ids of jobs a worker has taken and not ended, by worker name.
             "worker_jobs": f"{prefix}:worker:{{}}:jobs",
             # Hash of what a worker's running jobs hold (cpus, memory), by worker name.
@@ -189,6 +200,18 @@ class Keys:
     def staged_outputs(self, job_id: str, attempt: int) -> str:
         """An attempt's outputs while uploading; renamed to :meth:`outputs` if it still owns the job."""
         return f"{self.outputs(job_id)}:{attempt}"
+
+    def transfers(self, worker: str) -> str:
+        return self._key("transfers", worker)
+
+    def serving(self, worker: str) -> str:
+        return self._key("serving", worker)
+
+    def transfer(self, transfer_id: str) -> str:
+        return self._key("transfer", transfer_id)
+
+    def transfer_acks(self, transfer_id: str) -> str:
+        return self._key("transfer_acks", transfer_id)
 
     def worker_jobs(self, worker: str) -> str:
         return self._key("worker_jobs", worker)

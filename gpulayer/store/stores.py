@@ -20,6 +20,7 @@ from .registry import IdentityRegistry
 from .scripts import Scripts
 from .telemetry import TelemetryStore
 from .tokens import TokenStore
+from .transfers import TransferStore
 from .workers import WorkerStore
 
 
@@ -37,6 +38,7 @@ class Stores:
     telemetry: TelemetryStore
     gangs: GangStore
     registry: IdentityRegistry
+    transfers: TransferStore
 
     @classmethod
     def open(cls, redis: Redis, settings: Settings, keyring: Keyring | None = None) -> Stores:
@@ -58,6 +60,7 @@ class Stores:
             telemetry=TelemetryStore(redis, keys, settings.telemetry_interval),
             gangs=GangStore(redis, keys, scripts),
             registry=IdentityRegistry(redis, keys, Identities(checker) if checker else None),
+            transfers=TransferStore(redis, keys),
         )
 
     def execution(self, worker: str, identity: str = "") -> ExecutionStore:

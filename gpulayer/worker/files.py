@@ -1,5 +1,6 @@
 """A job's files on the worker: its source and inputs fetched, checked against its signature and
-unpacked into its folder; its outputs packed, signed and uploaded as it ends.
+unpacked into its folder; its outputs packed, signed and uploaded as it ends (or, over what Redis
+should hold, kept on this worker: :mod:`.held`).
 
 Each transfer is retried from its start through a Redis outage by the ``retry`` it is given (the
 job's, which gives up once its lease could have passed).
@@ -8,18 +9,22 @@ job's, which gives up once its lease could have passed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
-from ..archive import SPOOL_BYTES, pack_outputs
-from ..errors import ArtifactTooLarge
+from ..archive import SPOOL_BYTES, Manifest, outputs_manifest, summarize
 from ..models import JobSpec, OutputSummary
+from ..settings import Settings
 from ..signing import ResultSigner, check_file, seal_archive
-from ..store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE, ArtifactStore
+from ..store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE, ArtifactStore, HeldArchive
 from ..store.execution import Claim
+from ..units import format_size
 from ..unpacking import extract
+from .held import HeldOutputs
 
 T = TypeVar("T")
 
@@ -64,23 +69,71 @@ def upload_outputs(
     folder: Path,
     *,
     signer: ResultSigner,
-    max_bytes: int,
+    held: Held,
     reading: Callable[[], contextlib.AbstractContextManager[None]],
     retry: Retry,
 ) -> tuple[OutputSummary | None, str | None]:
-    """What the output ``patterns`` found in ``folder`` (or the reason they are too large to keep),
-    packed ``reading`` as the job's user, and stored for ``claim``'s attempt, sealed by ``signer``."""
+    """What the output ``patterns`` found in ``folder``, packed ``reading`` as the job's user and
+    sealed by ``signer`` for ``claim``'s attempt: stored in Redis, or, above ``held``'s threshold, kept
+    on this worker (and recorded in Redis); or why they could not be kept."""
     if not patterns:
         return None, None
-    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
+    # As the job's user: a link it left towards the worker's files reads as nothing.
+    with reading():
+        manifest, missing = outputs_manifest(folder, patterns)
+    summary = summarize(manifest, missing)
+    if manifest.size > held.threshold:
         try:
-            # As the job's user: a link it left towards the worker's files reads as nothing.
-            with reading():
-                summary = pack_outputs(folder, patterns, archive, max_bytes)
-        except ArtifactTooLarge as exc:
-            return None, str(exc)
+            kept = _hold(manifest, claim, signer, held, reading)
+        except OSError as exc:
+            size = format_size(manifest.size)
+            return None, f"cannot keep its {size} of outputs on worker {held.worker}: {exc}"
+        retry(artifacts.hold_outputs, claim.job_id, claim.attempt, OUTPUTS_ARCHIVE, kept)
+        return summary.model_copy(update={"held_by": held.worker}), None
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
+        with reading():
+            manifest.write(archive)
         retry(_upload, artifacts, claim, signer, archive)
     return summary, None
+
+
+@dataclasses.dataclass(frozen=True)
+class Held:
+    """Where this worker keeps outputs over ``threshold`` bytes: in ``outputs``, as worker ``worker``."""
+
+    outputs: HeldOutputs
+    worker: str
+    threshold: int
+
+    @classmethod
+    def of(cls, settings: Settings, worker: str) -> Held:
+        """Worker ``worker``'s, in its home, past ``settings.redis_outputs_max_bytes``."""
+        return cls(HeldOutputs(settings.home / "held" / worker), worker, settings.redis_outputs_max_bytes)
+
+
+def _hold(
+    manifest: Manifest,
+    claim: Claim,
+    signer: ResultSigner,
+    held: Held,
+    reading: Callable[[], contextlib.AbstractContextManager[None]],
+) -> HeldArchive:
+    """The outputs packed into this worker's keeping, for the job users know (a gang job's, from its
+    node 0), and the record of them, sealed."""
+    path, keep = held.outputs.writing(claim.target, OUTPUTS_ARCHIVE)
+    # Opened by the worker, written as the job's user (who may not enter the worker's folder).
+    with open(path, "wb") as archive, reading():
+        manifest.write(archive)
+    digest = hashlib.sha256()
+    with open(path, "rb") as archive:
+        size = 0
+        while chunk := archive.read(SPOOL_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    keep()
+    sha256 = digest.hexdigest()
+    seal = seal_archive(signer, claim.target, claim.attempt, OUTPUTS_ARCHIVE, sha256)
+    return HeldArchive(held.worker, size, sha256, seal)
 
 
 def _upload(artifacts: ArtifactStore, claim: Claim, signer: ResultSigner, archive: IO[bytes]) -> None:

@@ -94,6 +94,8 @@ class Context:
     limits: Callable[[JobSpec, Claim], Limits]
     #: The Python environments jobs bring, built and kept on this machine.
     environments: EnvironmentCache
+    #: Where outputs too large for Redis are kept, and from what size.
+    held: files.Held
     #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
@@ -379,9 +381,9 @@ class JobRunner:
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
-        outputs, too_large = self._upload_outputs() if started.outputs else (None, None)
+        outputs, unkept = self._upload_outputs() if started.outputs else (None, None)
         return self._launch.finish(
-            self._view, started, Followed(returncode, outputs, too_large, reply, watch.failed)
+            self._view, started, Followed(returncode, outputs, unkept, reply, watch.failed)
         )
 
     def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
@@ -391,7 +393,7 @@ class JobRunner:
             self.spec.outputs,
             self.workdir,
             signer=self.context.signer,
-            max_bytes=self.context.settings.max_job_bytes,
+            held=self.context.held,
             reading=self.processes.reading,
             retry=self.through_outage,
         )
@@ -502,7 +504,7 @@ class JobRunner:
             self.system(f"stopped {strays} process(es) the job left running")
         self.used = self.box.usage()
 
-    def outcome(self, returncode: int, outputs: OutputSummary | None, too_large: str | None) -> Ending:
+    def outcome(self, returncode: int, outputs: OutputSummary | None, unkept: str | None) -> Ending:
         code = _shell_code(returncode)
         if self._stop == "cancel":
             return Ending(JobState.CANCELLED, code, "cancelled", outputs)
@@ -516,8 +518,8 @@ class JobRunner:
             )
         if returncode != 0:
             return Ending(JobState.FAILED, code, f"exit code {returncode}", outputs)
-        if too_large:
-            return Ending(JobState.FAILED, code, too_large)
+        if unkept:
+            return Ending(JobState.FAILED, code, unkept)
         if outputs and outputs.missing:
             return Ending(
                 JobState.FAILED, code, "output not produced: " + ", ".join(outputs.missing), outputs
