@@ -155,7 +155,8 @@ class Client:
         ever run), and ``nodes``, ``procs_per_node``, ``launcher``, which make it a gang job
         (docs/distributed.md). What it needs is a :class:`Requirements` (``requirements``), or its
         fields as keywords (``accelerator``, ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks``,
-        ``cpus``, ``memory``, ``labels``; sizes may be strings like ``"24GB"``). Either, not both.
+        ``cpus``, ``memory``, ``labels``, ``target``: a worker on this machine, another, or any; sizes
+        may be strings like ``"24GB"``). Either, not both.
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
