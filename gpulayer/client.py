@@ -21,8 +21,7 @@ from typing import IO, Any
 from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
-from . import access as accesses
-from . import archive, placement, submits
+from . import archive, placement, private, submits
 from .access import Access
 from .calls import Call, Calls
 from .errors import (
@@ -83,7 +82,9 @@ class Client:
     ``access`` says how to reach it (its Redis user, CA and keys: see :mod:`gpulayer.access`); by
     default an access token in ``GPULAYER_ACCESS_TOKEN``, else the strongest role this machine holds
     (what `gpulayer up`, `join` or `connect` kept). ``redis_url`` (default ``GPULAYER_REDIS_URL``)
-    replaces its Redis URL. Nothing is sent to Redis until the first call.
+    replaces its Redis URL. Nothing is sent to Redis until the first call. Where none of these is
+    configured, the first client of a process starts a private installation for it, stopped when it
+    exits (:mod:`gpulayer.private`; ``GPULAYER_AUTOSTART=0`` turns that off).
 
     With ``background_submits``, :meth:`submit` of a job without files or an idempotency key returns
     before the job is in Redis: a thread sends the submits, many per round trip and under one
@@ -105,7 +106,7 @@ class Client:
         allow_pickle: bool = False,
     ) -> None:
         self.settings = settings or Settings.from_env()
-        self.access = access or accesses.resolve(redis_url or self.settings.redis_url, self.settings.home)
+        self.access = access or private.resolve(redis_url or self.settings.redis_url, self.settings)
         self.redis_url = self.access.redis_url
         self.redis = connect(self.redis_url, ca=self.access.ca)
         self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
@@ -161,7 +162,8 @@ class Client:
         ever run), and ``nodes``, ``procs_per_node``, ``launcher``, which make it a gang job
         (docs/distributed.md). What it needs is a :class:`Requirements` (``requirements``), or its
         fields as keywords (``accelerator``, ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks``,
-        ``cpus``, ``memory``, ``labels``; sizes may be strings like ``"24GB"``). Either, not both.
+        ``cpus``, ``memory``, ``labels``, ``target``: a worker on this machine, another, or any; sizes
+        may be strings like ``"24GB"``). Either, not both.
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """

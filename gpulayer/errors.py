@@ -29,6 +29,7 @@ HTTP API answers with; a subclass that says nothing has its group's. The tree::
     │   ├── OutputsUnavailable  1   503  the worker keeping a job's outputs is gone or does not answer
     │   └── WaitTimeout        75   503  a wait ended before the job did
     ├── ConfigError             1   500  no Redis URL known, a bad setting
+    │   └── NoInstallation      1   500  no installation is configured, and none was started
     ├── ServerError             1   500  the embedded Redis or a local worker failed to start or stop
     ├── UntrustedPayload        1   502  a job, file or result whose signature does not check
     │   └── UnsafePickle        1   502  a signed result whose pickle calls what is not data
@@ -166,6 +167,10 @@ class ConfigError(GpulayerError):
 
     # The settings are the server's own: nothing the request could change.
     http_status = 500
+
+
+class NoInstallation(ConfigError):
+    """No installation is configured on this machine, and no private one was started."""
 
 
 class ServerError(GpulayerError):

@@ -85,6 +85,8 @@ class Offer(BaseModel):
     containment: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     frameworks: dict[str, str] = Field(default_factory=dict)
+    #: The machine it runs on (:func:`gpulayer.machines.this_machine`); None from a worker before 0.4.
+    machine: str | None = None
 
 
 class WorkerInfo(Offer):

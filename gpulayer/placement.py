@@ -38,7 +38,7 @@ class Fit:
 
 #: What a reason's code means. A worker can never run the job: ``no_workers``, ``no_gpu``,
 #: ``accelerator``, ``gpu_count``, ``gpu_memory``, ``gpu_name``, ``cpus``, ``memory``, ``framework``,
-#: ``label``; not now: ``gpus_busy``, ``cpus_busy``, ``memory_busy``; a gang job: ``gang``.
+#: ``label``, ``target``; not now: ``gpus_busy``, ``cpus_busy``, ``memory_busy``; a gang job: ``gang``.
 CODES = (
     "no_workers",
     "no_gpu",
@@ -50,6 +50,7 @@ CODES = (
     "memory",
     "framework",
     "label",
+    "target",
     "gpus_busy",
     "cpus_busy",
     "memory_busy",
@@ -161,7 +162,7 @@ def candidates(requirements: Requirements, workers: list[WorkerInfo]) -> list[Fi
 
 
 def _never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, str]]:
-    reasons = [*_gpu_never(requirements, worker.gpus)]
+    reasons = [*_target_never(requirements, worker), *_gpu_never(requirements, worker.gpus)]
     if requirements.cpus > worker.slots:
         reasons.append(("cpus", f"needs {requirements.cpus} CPU slots, has {worker.slots}"))
     if requirements.memory > worker.memory:
@@ -180,6 +181,19 @@ def _never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, st
         elif worker.labels[key] != value:
             reasons.append(("label", f"needs label {key}={value}, has {key}={worker.labels[key]}"))
     return reasons
+
+
+def _target_never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, str]]:
+    """Why the worker is on the wrong machine for the job's target, if it is (or cannot say)."""
+    target = requirements.target
+    if target == "any":
+        return []
+    if worker.machine is None:
+        return [("target", f"target {target}: it does not say which machine it is on (an older worker)")]
+    if (worker.machine == requirements.machine) != (target == "local"):
+        where = "another machine than" if target == "local" else "the same machine as"
+        return [("target", f"target {target}: it is on {where} the submitter")]
+    return []
 
 
 def _satisfies(version: str, wanted: Requirement) -> bool:

@@ -42,6 +42,18 @@ def _path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+_FLAGS = {word: True for word in ("1", "true", "yes", "on")} | {
+    word: False for word in ("0", "false", "no", "off")
+}
+
+
+def _flag(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in _FLAGS:
+        raise ValueError(f"not 1 or 0: {text!r} (also true/false, yes/no, on/off)")
+    return _FLAGS[word]
+
+
 def _count(text: str) -> int:
     if not (text.strip().isascii() and text.strip().isdigit()):
         raise ValueError(f"not a whole number: {text!r} (examples: 500, 10000)")
@@ -155,6 +167,10 @@ class Settings:
     submit_replicas_timeout: float = dataclasses.field(
         default=5.0, metadata=_read(parse_duration, "positive")
     )
+
+    #: Where no installation is configured, the first :class:`~gpulayer.Client` of a process starts a
+    #: private one (a Redis and a local worker), stopped when the process exits; 0 turns it off.
+    autostart: bool = dataclasses.field(default=True, metadata=_read(_flag))
 
     #: A TOML file of runtime profiles of one's own, added to GPUlayer's (docs/environments.md).
     profiles: Path | None = dataclasses.field(default=None, metadata=_read(_path))

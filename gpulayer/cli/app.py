@@ -121,6 +121,11 @@ def requirement_options(command: F) -> F:
         ),
         click.option("--memory", metavar="SIZE", help="Memory of the worker it holds while it runs (8GB)."),
         label_option("Worker label it needs, exactly; repeatable."),
+        click.option(
+            "--target",
+            type=click.Choice(["local", "remote", "any"]),
+            help="Where it may run: a worker on this machine (local), on another (remote), or any (default).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
