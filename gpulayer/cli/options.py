@@ -49,6 +49,10 @@ def _file_option(flag: str, name: str, field: FieldInfo) -> Callable[[F], F]:
     )
 
 
+#: Where a field's name does not say what its value is.
+_METAVARS = {"pip": "SPEC", "profile": "NAME"}
+
+
 def _option(name: str, field: FieldInfo) -> Callable[[F], F]:
     kind = _given(field.annotation)
     flag = "--" + name.replace("_", "-")
@@ -67,10 +71,11 @@ def _option(name: str, field: FieldInfo) -> Callable[[F], F]:
         )
     if typing.get_origin(kind) is list:  # --output OUTPUT, once per item
         single = name.removesuffix("s")
+        metavar = _METAVARS.get(name, single.upper())
         return click.option(
-            flag.removesuffix("s"), name, multiple=True, metavar=single.upper(), help=text + " Repeatable."
+            flag.removesuffix("s"), name, multiple=True, metavar=metavar, help=text + " Repeatable."
         )
-    return click.option(flag, name, metavar=name.rpartition("_")[2].upper(), help=text)
+    return click.option(flag, name, metavar=_METAVARS.get(name, name.rpartition("_")[2].upper()), help=text)
 
 
 def _given(annotation: Any) -> Any:
