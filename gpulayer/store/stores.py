@@ -10,6 +10,7 @@ from redis import Redis
 from ..settings import Settings
 from ..signing import Identities, Keyring
 from .artifacts import RedisArtifactStore
+from .capacity import CapacityStore
 from .execution import ExecutionStore
 from .gangs import GangStore
 from .jobs import JobStore
@@ -37,6 +38,7 @@ class Stores:
     telemetry: TelemetryStore
     gangs: GangStore
     registry: IdentityRegistry
+    capacity: CapacityStore
 
     @classmethod
     def open(cls, redis: Redis, settings: Settings, keyring: Keyring | None = None) -> Stores:
@@ -58,6 +60,7 @@ class Stores:
             telemetry=TelemetryStore(redis, keys, settings.telemetry_interval),
             gangs=GangStore(redis, keys, scripts),
             registry=IdentityRegistry(redis, keys, Identities(checker) if checker else None),
+            capacity=CapacityStore(redis, keys),
         )
 
     def execution(self, worker: str, identity: str = "") -> ExecutionStore:
