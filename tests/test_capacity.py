@@ -106,7 +106,7 @@ def _ended(client: Client) -> bool:
 
 
 def test_jobs_no_worker_fits_start_exactly_the_machines_needed_which_stop_once_idle(
-    client: Client, autoscalers: Running, raw_redis: redis.Redis
+    client: Client, autoscalers: Running, raw_redis: redis.Redis, cli: Any
 ) -> None:
     autoscalers.start(limits={"machines": 4})
     jobs = [client.submit(["python3", "-c", "import time; time.sleep(1)"], gpus=1) for _ in range(2)]
@@ -125,6 +125,9 @@ def test_jobs_no_worker_fits_start_exactly_the_machines_needed_which_stop_once_i
         assert machine.state == "stopped"
         assert machine.reason == "idle for 1 s"
         assert machine.cost(machine.ended) is not None  # type: ignore[arg-type]
+    listing = cli("capacity").output
+    assert listing.count("  stopped  a100x1 on sim  ") == 2
+    assert listing.count("  idle for 1 s") == 2
     assert not raw_redis.hgetall(Keys("gpulayer").identities).keys() & {
         name.encode() for name in autoscalers.enroller.made
     }, "a stopped machine's identity is revoked"

@@ -73,13 +73,19 @@ def start_in_background(home: Path) -> threading.Event | None:
 
 
 @click.group(invoke_without_command=True)
+@click.pass_context
+def capacity(ctx: click.Context) -> None:
+    """Capacity on demand (docs/capacity.md): alone, the machines the autoscaler started."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_machines)
+
+
+@capacity.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array.")
 @redis_url_option
-@click.pass_context
-def capacity(ctx: click.Context, as_json: bool, redis_url: str | None) -> None:
-    """The machines the autoscaler started: state, age and cost so far (see docs/capacity.md)."""
-    if ctx.invoked_subcommand is not None:
-        return
+def list_machines(as_json: bool = False, redis_url: str | None = None) -> None:
+    """The machines the autoscaler started, running or stopped in the last day: state, kind and
+    provider, age, cost so far, and why it stopped."""
     found = open_client(redis_url).machines()
     if listed(found, as_json, "the autoscaler has started no machine (in the last day)"):
         return
