@@ -39,6 +39,7 @@ KEYS_OF: dict[AccessRole, tuple[str, ...]] = {
     "submitter": ("job_key", "job_verify", "identity_verify"),
     "worker": ("job_verify", "identity_verify"),
     "viewer": ("identity_verify",),
+    "capacity": (),
 }
 
 

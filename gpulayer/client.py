@@ -47,6 +47,7 @@ from .models import (
 from .network import redact
 from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
+from .provisioned import GANG, Decision, Machine
 from .pulls import Progress, Pull
 from .requirements import Requirements
 from .settings import Settings
@@ -393,6 +394,12 @@ class Client:
         """The workers connected now, by name, with what their jobs hold."""
         return self.stores.workers.list()
 
+    def machines(self) -> list[Machine]:
+        """The machines the autoscaler started (docs/capacity.md), the newest first: those that run,
+        and those that stopped in the last day."""
+        found = self.stores.capacity.machines().values()
+        return sorted(found, key=lambda machine: machine.created, reverse=True)
+
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
         ``requeue`` stops them and puts them back in their queues. :class:`WorkerNotFound` if no
@@ -449,9 +456,22 @@ class Job:
         return self.client.stores.logs.tail(self.id, count)
 
     def why(self) -> Plan:
-        """For a queued job: where it would start now, or why each worker cannot run it."""
+        """For a queued job: where it would start now, or why each worker cannot run it; and what the
+        autoscaler decided for it, where one runs."""
         spec = self.status().spec
-        return self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
+        plan = self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
+        decision = self._capacity(spec)
+        return plan.model_copy(update={"capacity": decision.text}) if decision else plan
+
+    def capacity(self) -> Decision | None:
+        """What the autoscaler last decided for this queued job, if one runs and it needs a machine."""
+        return self._capacity(self.status().spec)
+
+    def _capacity(self, spec: JobSpec) -> Decision | None:
+        gang = spec.distributed is not None and spec.distributed.nodes > 1
+        return self.client.stores.capacity.decision(
+            f"{GANG}{self.id}" if gang else self.client.keys.queue_for(spec.queue)
+        )
 
     @contextlib.contextmanager
     def saying_why_queued(self, after: float, say: Callable[[str], None]) -> Iterator[None]:

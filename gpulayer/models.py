@@ -32,9 +32,10 @@ M = TypeVar("M", bound=BaseModel)
 #: What an API token may do: everything; submit and cancel jobs (and read); read; read /metrics only.
 Role = Literal["admin", "submitter", "viewer", "metrics"]
 #: Whom a machine acts as towards Redis: its user there, and the keys it holds (docs/security.md).
-AccessRole = Literal["admin", "web", "submitter", "worker", "viewer"]
+#: ``capacity``: the autoscaler's (docs/capacity.md), an identity of its own only.
+AccessRole = Literal["admin", "web", "submitter", "worker", "viewer", "capacity"]
 #: The roles a machine's own identity may have (`gpulayer access add ROLE NAME`).
-IdentityRole = Literal["web", "submitter", "worker", "viewer"]
+IdentityRole = Literal["web", "submitter", "worker", "viewer", "capacity"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
 #: Names a job's checkpoint folder to it: what it saves there is given back to its retries.

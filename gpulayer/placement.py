@@ -81,6 +81,9 @@ class Plan(BaseModel):
     workers: list[str] = []
     #: The job's nodes: 1, or the distinct workers a gang job needs.
     nodes: int = 1
+    #: What the autoscaler last decided for it, where one runs (docs/capacity.md): ``starting a worker
+    #: of kind X on provider P (est. 2 min)``, ``no provider offers 8 H100s (largest: 4)``.
+    capacity: str | None = None
 
     def lines(self) -> list[str]:
         """The plan in words: where it would start, or a heading and one line per worker why not."""
@@ -94,10 +97,11 @@ class Plan(BaseModel):
             heading = f"no {self.nodes} connected workers could ever run this gang job together:"
         else:
             heading = "no connected worker could ever run this job:"
-        return [heading] + [
+        lines = [heading] + [
             f"  {reason.worker}: {reason.reason}" if reason.worker else f"  {reason.reason}"
             for reason in self.reasons
         ]
+        return lines + ([f"capacity: {self.capacity}"] if self.capacity else [])
 
 
 def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:

@@ -3,6 +3,7 @@
 from .access import access_group, connect
 from .agents import mcp
 from .app import main
+from .capacity import capacity
 from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
 from .profiles import profiles
@@ -18,6 +19,7 @@ _COMMANDS = (
     connect,
     access_group,
     workers,
+    capacity,
     resources,
     submit,
     plan,

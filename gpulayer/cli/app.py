@@ -3,15 +3,17 @@ and turning errors into one line and an exit code."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
 import redis.exceptions
+from pydantic import BaseModel
 
 from .. import __version__
 from .. import access as accesses
@@ -148,6 +150,20 @@ def open_client(redis_url: str | None, roles: tuple[AccessRole, ...] = accesses.
     access = accesses.resolve(settings.redis_url, settings.home, roles)
     click.get_current_context().meta[URL_KEY] = redact(access.redis_url)
     return Client(settings=settings, access=access)
+
+
+def echo_json(models: Sequence[BaseModel]) -> None:
+    """``models`` as one JSON array, as every listing's ``--json`` prints it."""
+    click.echo(json.dumps([model.model_dump(mode="json") for model in models], indent=2))
+
+
+def listed(models: Sequence[BaseModel], as_json: bool, none: str) -> bool:
+    """Whether a listing is printed already: as JSON (``--json``), or as ``none`` where it is empty."""
+    if as_json:
+        echo_json(models)
+    elif not models:
+        click.echo(none)
+    return as_json or not models
 
 
 def job_exit_code(record: JobRecord) -> int:

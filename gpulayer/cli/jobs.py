@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -21,6 +22,7 @@ from ..units import format_size
 from . import terminal
 from .app import (
     EXIT_INTERRUPTED,
+    CommandError,
     duration,
     job_exit_code,
     open_client,
@@ -34,6 +36,8 @@ from .placement import print_plan
 _CANCEL_WAIT = 10.0
 #: How long `submit --wait` lets a job sit in the queue before it says why it waits.
 QUEUED_HINT_AFTER = 3.0
+#: How often `submit --wait-for-capacity` looks at its job (s).
+_CAPACITY_POLL = 0.1
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
@@ -61,6 +65,12 @@ QUEUED_HINT_AFTER = 3.0
     default=Path("."),
     help="With --wait: the folder its outputs are unpacked into (default: this one).",
 )
+@click.option(
+    "--wait-for-capacity",
+    is_flag=True,
+    help="Return only once the job has started, saying what the autoscaler does for it meanwhile "
+    "(docs/capacity.md); exit 1 if no provider offers a machine that could run it.",
+)
 @redis_url_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -69,6 +79,7 @@ def submit(
     gpus_per_node: int | None,
     wait: bool,
     dest: Path,
+    wait_for_capacity: bool,
     redis_url: str | None,
     command: tuple[str, ...],
     **given: Any,
@@ -87,7 +98,13 @@ def submit(
         given["gpus"] = gpus_per_node
     # The options and the requirements, each by its field's name: the client tells them apart.
     job = open_client(redis_url).submit(list(command), source=source, inputs=inputs, **given)
-    if not wait:
+    if wait_for_capacity:
+        click.echo(job.id if not wait else f"job {job.id} queued", err=wait)
+        with _interruptible(job):
+            _wait_for_capacity(job)
+        if not wait:
+            return
+    elif not wait:
         click.echo(job.id)
         _warn_if_no_worker_fits(job)
         return
@@ -99,6 +116,20 @@ def submit(
     if given["outputs"]:
         _bring_back(job, dest)
     sys.exit(job_exit_code(record))
+
+
+def _wait_for_capacity(job: Job) -> None:
+    """Until ``job`` leaves its queue: each new decision of the autoscaler's on it, said once; exit 1
+    when no provider offers a machine that could run it (the job stays queued)."""
+    said = None
+    while job.status().state is JobState.QUEUED:
+        decision = job.capacity()
+        if decision is not None and decision.text != said:
+            said = decision.text
+            _say(said)
+            if decision.unmet:
+                raise CommandError(f"job {job.id} stays queued: {said}", 1)
+        time.sleep(_CAPACITY_POLL)
 
 
 def _warn_if_no_worker_fits(job: Job) -> None:

@@ -58,6 +58,17 @@ class Keys:
         #: signatures on results and archives are accepted. Apart from the rest, so the admin alone
         #: writes it (on Redis 7 every other role may only read it).
         self.identities = f"{prefix}#identities"
+        #: Where the autoscaler keeps what it started and decided (docs/capacity.md): apart, so its
+        #: role writes these keys and reads the rest.
+        self.capacity = f"{prefix}:capacity:"
+        #: Hash of machine name → each machine the autoscaler started (JSON), stopped ones for a day.
+        self.capacity_machines = f"{self.capacity}machines"
+        #: Hash of a queue's name, or ``gang:<job id>`` → the autoscaler's last decision about its jobs
+        #: (JSON): what `gpulayer why` shows.
+        self.capacity_decisions = f"{self.capacity}decisions"
+        #: The id of the autoscaler that acts now (with a TTL it renews): one at a time, so a restart,
+        #: or a second one started by mistake, starts no duplicates.
+        self.capacity_leader = f"{self.capacity}leader"
         #: Hash of API token names → the SHA-256 of each token (its record's key).
         self.tokens = f"{self.auth}tokens"
         #: Channel a token's name is published on when it is revoked (open websockets close).

@@ -10,6 +10,7 @@ from redis import Redis
 from ..settings import Settings
 from ..signing import Identities, Keyring
 from .artifacts import RedisArtifactStore
+from .capacity import CapacityStore
 from .execution import ExecutionStore
 from .gangs import GangStore
 from .jobs import JobStore
@@ -39,6 +40,7 @@ class Stores:
     gangs: GangStore
     registry: IdentityRegistry
     transfers: TransferStore
+    capacity: CapacityStore
 
     @classmethod
     def open(cls, redis: Redis, settings: Settings, keyring: Keyring | None = None) -> Stores:
@@ -61,6 +63,7 @@ class Stores:
             gangs=GangStore(redis, keys, scripts),
             registry=IdentityRegistry(redis, keys, Identities(checker) if checker else None),
             transfers=TransferStore(redis, keys),
+            capacity=CapacityStore(redis, keys),
         )
 
     def execution(self, worker: str, identity: str = "") -> ExecutionStore:
