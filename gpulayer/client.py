@@ -23,6 +23,7 @@ from typing_extensions import Unpack
 
 from . import archive, placement, private, submits
 from .access import Access
+from .archive_server import ArchiveServer
 from .calls import Call, Calls
 from .errors import (
     ArtifactTooLarge,
@@ -50,6 +51,7 @@ from .placement import Plan
 from .provisioned import GANG, Decision, Machine
 from .pulls import Progress, Pull
 from .requirements import Requirements
+from .served_inputs import ServedInputs
 from .settings import Settings
 from .store.artifacts import (
     INPUTS_ARCHIVE,
@@ -124,11 +126,17 @@ class Client:
             Sender(self.stores.jobs, SUBMIT_BATCH, 10 * SUBMIT_BATCH) if background_submits else None
         )
         self._ends = ReadAhead(self.stores.jobs)
+        #: What serves the inputs too large for Redis of the jobs this client submitted, by job id.
+        self._serving: dict[str, ArchiveServer] = {}
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
 
     def close(self) -> None:
+        """Stops what this client does in the background (submits, serving inputs: a job whose worker
+        has not pulled them yet fails) and closes its connection."""
+        for server in self._serving.values():
+            server.stop()
         try:
             if self._sender is not None:
                 self._sender.close()
@@ -190,7 +198,9 @@ class Client:
         )
         if options.fail_if_unschedulable:
             self._check_schedulable(spec)
-        total = input_files.size + (source_files.size if source_files else 0)
+        # Inputs over what Redis holds are served by this client until a worker pulled them.
+        serve = bool(spec.inputs) and input_files.size > self.settings.redis_outputs_max_bytes
+        total = (0 if serve else input_files.size) + (source_files.size if source_files else 0)
         if total > self.settings.max_job_bytes:
             raise ArtifactTooLarge(
                 f"the job's source and inputs hold {format_size(total)}, above the "
@@ -204,9 +214,23 @@ class Client:
             self._sender.put(job_id, spec)
         else:
             self.flush()  # after the jobs submitted before it
-            [job_id] = under_new_ids(
-                1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key)}
+            retention = self.settings.retention_seconds
+            served = (
+                ServedInputs.pack(input_files, self.settings.home, self.stores.transfers, retention)
+                if serve
+                else None
             )
+            try:
+                [job_id] = under_new_ids(
+                    1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key, served)}
+                )
+            except BaseException:
+                if served is not None:
+                    served.remove()
+                raise
+            if served is not None:
+                key = self.access.keyring.signer()
+                self._serving[job_id] = served.serve(self.stores, job_id, key, retention)
         self._ends.submitted((job_id,))
         return Job(self, job_id)
 
@@ -216,17 +240,22 @@ class Client:
         spec: JobSpec,
         uploads: dict[str, archive.Manifest | None],
         idempotency_key: str | None,
+        served: ServedInputs | None = None,
     ) -> str | None:
-        """Upload the archives and submit the job under ``job_id``: that id, an existing job's (the
-        idempotency key's), or None if the id was taken."""
+        """Upload the archives (of the inputs, only the record when ``served`` serves them) and
+        submit the job under ``job_id``: that id, an existing job's (the idempotency key's), or None
+        if the id was taken."""
         staged = any(manifest is not None for manifest in uploads.values())
         upload = secrets.token_hex(4) if staged else ""
         try:
             files = {
                 name: self._upload(job_id, upload, name, manifest)
                 for name, manifest in uploads.items()
-                if manifest is not None
+                if manifest is not None and not (served is not None and name == INPUTS_ARCHIVE)
             }
+            if served is not None:
+                self.stores.artifacts.hold_inputs(job_id, upload, INPUTS_ARCHIVE, served.record)
+                files[INPUTS_ARCHIVE] = served.record.sha256
             submitted = self.stores.jobs.submit(job_id, spec, upload, files, idempotency_key)
         except BaseException:
             if staged:
@@ -503,6 +532,20 @@ class Job:
         if outcome == "missing":
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         return outcome in ("cancelled", "requested")
+
+    @property
+    def serves_inputs(self) -> bool:
+        """Whether this client serves the job's inputs (too large for Redis) to its worker."""
+        return self.id in self.client._serving
+
+    def serve_inputs(self, timeout: float | None = None) -> None:
+        """Keep serving the job's inputs too large for Redis (over ``redis_outputs_max_bytes``), which
+        this client submitted and serves, until the job no longer waits for them (a worker pulled
+        them and runs it, or it ended), or ``timeout`` seconds; at once if it serves none. A client
+        that stops before then leaves the job to fail, saying its submitter is gone."""
+        server = self.client._serving.get(self.id)
+        if server is not None:
+            server.join(timeout)
 
     def outputs_archive(self, dest: IO[bytes], progress: Progress | None = None) -> None:
         """Write the job's outputs, as the gzip-compressed tar archive its worker stored, to ``dest``,

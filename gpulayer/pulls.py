@@ -1,4 +1,5 @@
-"""A client's pull of an archive a worker keeps (outputs too large for Redis), through Redis
+"""A pull of an archive its maker keeps (outputs too large for Redis, pulled by a client from their
+worker; inputs too large, pulled by a worker from their submitter), through Redis
 (:mod:`gpulayer.store.transfers`), into a file that survives a dropped connection or a stopped
 client: the next pull resumes where it ends.
 
@@ -40,8 +41,9 @@ Progress = Callable[[int, int], None]
 
 @dataclasses.dataclass(frozen=True)
 class Pull:
-    """Archive ``name`` of job ``job_id``, which ``held`` says its worker keeps, signed by ``sender``,
-    brought into the file ``partial``; ``progress`` is told how far along."""
+    """Archive ``name`` of job ``job_id``, which ``held`` says is kept by ``who`` (what messages call
+    it; default: its worker), signed by ``sender``, brought into the file ``partial``; ``progress`` is
+    told how far along; ``again`` is what to do once ``who`` is gone."""
 
     transfers: TransferStore
     sender: WorkerKey
@@ -50,13 +52,19 @@ class Pull:
     held: HeldArchive
     partial: Path
     progress: Progress | None = None
+    who: str = ""
+    again: str = "start it again to download them"
+
+    @property
+    def _who(self) -> str:
+        return self.who or f"worker {self.held.worker}"
 
     def run(self) -> None:
         """Resuming what ``partial`` holds, transfer after transfer while each brings something.
         :class:`UntrustedPayload` (``partial`` removed) if a chunk or the whole is not what ``sender``
         signed; :class:`OutputsUnavailable` if the worker is gone or does not answer."""
         held, partial = self.held, self.partial
-        _check_serving(self.transfers, held.worker, self.job_id)
+        self._check_serving()
         fruitless = 0
         while True:
             offset, digest = _resume(partial, held.size)
@@ -71,7 +79,7 @@ class Pull:
             fruitless = fruitless + 1 if partial.stat().st_size == offset else 0
             if fruitless >= TRIES:
                 raise OutputsUnavailable(
-                    f"worker {held.worker} sent nothing of job {self.job_id}'s {self.name} in {TRIES} tries: "
+                    f"{self._who} sent nothing of job {self.job_id}'s {self.name} in {TRIES} tries: "
                     "run it again later, it resumes"
                 )
         # What came, all of it: the running digest of this transfer, begun over what an earlier one wrote.
@@ -98,7 +106,7 @@ class Pull:
             first = transfers.receive(transfer, ANSWER)
             if first is None:
                 raise OutputsUnavailable(
-                    f"worker {held.worker}, which keeps job {self.job_id}'s outputs, did not answer in "
+                    f"{self._who}, which keeps job {self.job_id}'s {self.name}, did not answer in "
                     f"{ANSWER:g} s"
                 )
             try:
@@ -106,9 +114,7 @@ class Pull:
             except LookupError as exc:
                 raise OutputsUnavailable(str(exc)) from None
             if hello.size != held.size:
-                raise UntrustedPayload(
-                    f"worker {held.worker} sends a {self.name} of another size than it signed"
-                )
+                raise UntrustedPayload(f"{self._who} sends a {self.name} of another size than it signed")
             return self._receive(opener, offset, digest)
         finally:
             with contextlib.suppress(RedisError):  # else it expires on its own
@@ -128,7 +134,7 @@ class Pull:
                     return True
                 written += len(data)
                 if written > held.size:
-                    raise UntrustedPayload(f"worker {held.worker} sends more of {self.name} than it signed")
+                    raise UntrustedPayload(f"{self._who} sends more of {self.name} than it signed")
                 out.write(data)
                 out.flush()
                 digest.update(data)
@@ -137,18 +143,19 @@ class Pull:
                     self.progress(written, held.size)
         return False
 
-
-def _check_serving(transfers: TransferStore, worker: str, job_id: str) -> None:
-    """:class:`OutputsUnavailable` in one line, naming the worker and since when, unless it said it
-    serves within :data:`GONE_AFTER`."""
-    last = transfers.last_served(worker)
-    if last is not None and (datetime.now(timezone.utc) - last).total_seconds() <= GONE_AFTER:
-        return
-    since = f"since {last:%Y-%m-%d %H:%M:%S} UTC" if last else "for longer than the jobs' retention"
-    raise OutputsUnavailable(
-        f"job {job_id}'s outputs are kept on worker {worker}, which is gone (not heard from {since}): "
-        "start it again to download them"
-    )
+    def _check_serving(self) -> None:
+        """:class:`OutputsUnavailable` in one line, naming the server and since when, unless it said it
+        serves within :data:`GONE_AFTER`."""
+        last = self.transfers.last_served(self.held.worker)
+        if last is not None and (datetime.now(timezone.utc) - last).total_seconds() <= GONE_AFTER:
+            return
+        since = f"since {last:%Y-%m-%d %H:%M:%S} UTC" if last else "for longer than the jobs' retention"
+        kept = (
+            f"job {self.job_id}'s outputs are kept on worker {self.held.worker}"
+            if not self.who
+            else f"job {self.job_id}'s {self.name} is kept by {self.who}"
+        )
+        raise OutputsUnavailable(f"{kept}, which is gone (not heard from {since}): {self.again}")
 
 
 def _resume(partial: Path, size: int) -> tuple[int, hashlib._Hash]:

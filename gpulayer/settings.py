@@ -130,10 +130,13 @@ class Settings:
     #: Source folders larger than this (after the ignore rules) are refused at submit.
     max_source_bytes: int = dataclasses.field(default=100 * MiB, metadata=_read(parse_size, "positive"))
     #: A job's files stored in Redis — source and inputs, a function's result, a checkpoint folder —
-    #: may not exceed this (outputs above ``redis_outputs_max_bytes`` stay on their worker instead).
+    #: may not exceed this (outputs above ``redis_outputs_max_bytes`` stay on their worker instead,
+    #: inputs above it with their submitter).
     max_job_bytes: int = dataclasses.field(default=256 * MiB, metadata=_read(parse_size, "positive"))
     #: A job's outputs up to this size (its files, before packing) are kept in Redis; larger ones stay
-    #: on the worker that ran it, and a download pulls them through Redis a few chunks at a time.
+    #: on the worker that ran it, and a download pulls them through Redis a few chunks at a time. So
+    #: do its ``--input`` files the other way: larger ones are served by their submitter until a worker
+    #: pulled them.
     redis_outputs_max_bytes: int = dataclasses.field(default=64 * MiB, metadata=_read(parse_size, "positive"))
     #: Ended jobs, with their logs and outputs, are kept this long (seconds).
     retention_seconds: int = dataclasses.field(default=7 * 86400, metadata=_read(_whole_seconds, "positive"))

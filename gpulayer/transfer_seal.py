@@ -1,5 +1,7 @@
 """A transfer's messages, sealed end to end: what a worker sends the client that asked it for an
-archive it holds (:mod:`gpulayer.worker.serving`, :mod:`gpulayer.pulls`), whoever else reads Redis.
+archive it holds (:mod:`gpulayer.archive_server`, :mod:`gpulayer.pulls`), whoever else reads Redis;
+and, the other way, what a submitter sends the worker that pulls the inputs it serves (signed with
+the job key instead, under :data:`SUBMITTERS`).
 
 The asker makes a key pair for the one transfer and puts its public half in its request. The worker
 makes one too, and its first message (the *hello*) carries its public half signed with its result
@@ -27,6 +29,9 @@ from .signing import ResultSigner, WorkerKey
 #: string, it still fits the allocator's 1 MiB size class (one byte more, and it takes 1.25 MiB).
 CHUNK = 1024 * 1024 - 64
 _PURPOSE = "transfer"
+#: The identity a submitter's hello names: it signs with the installation's job key (what the job's
+#: own signature is made with), which the worker checks it against.
+SUBMITTERS = "submitters"
 
 
 def _text(raw: bytes) -> str:

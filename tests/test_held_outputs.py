@@ -16,13 +16,13 @@ import redis
 
 from gpulayer import Client, JobState, OutputsUnavailable, Settings, UntrustedPayload
 from gpulayer import access as accesses
+from gpulayer.archive_server import WINDOW
 from gpulayer.installation import Installation
 from gpulayer.signing import ResultSigner, SigningKey, WorkerKey
 from gpulayer.store.artifacts import OUTPUTS_ARCHIVE
 from gpulayer.store.keys import Keys
 from gpulayer.store.transfers import TransferStore
 from gpulayer.transfer_seal import Ask, Opener, Sealer
-from gpulayer.worker.serving import WINDOW
 
 from .conftest import WAIT, Workers, gpulayer
 

@@ -103,10 +103,12 @@ def submit(
         with _interruptible(job):
             _wait_for_capacity(job)
         if not wait:
+            _serve_inputs(job)
             return
     elif not wait:
         click.echo(job.id)
         _warn_if_no_worker_fits(job)
+        _serve_inputs(job)
         return
     click.echo(f"job {job.id} queued", err=True)
     with _interruptible(job), job.saying_why_queued(QUEUED_HINT_AFTER, _say):
@@ -116,6 +118,17 @@ def submit(
     if given["outputs"]:
         _bring_back(job, dest)
     sys.exit(job_exit_code(record))
+
+
+def _serve_inputs(job: Job) -> None:
+    """Serve the job's inputs too large for Redis until a worker has pulled them, saying so."""
+    if job.serves_inputs:
+        click.echo(
+            f"serving job {job.id}'s inputs (too large for Redis) until a worker has pulled them: "
+            "keep this running (stopped, the job fails)",
+            err=True,
+        )
+        job.serve_inputs()
 
 
 def _wait_for_capacity(job: Job) -> None:

@@ -53,13 +53,15 @@ Sealed = tuple[str, str | None]
 
 @dataclasses.dataclass(frozen=True)
 class HeldArchive:
-    """An archive kept on the worker that made it, as Redis records it: which worker, its size and
-    SHA-256, and its seal (None: unsealed)."""
+    """An archive kept by the side that made it (outputs: their worker; inputs: their submitter), as
+    Redis records it: who serves it (the name it serves under), its size and SHA-256, its seal (None:
+    unsealed), and how much its files hold unpacked (0: not recorded)."""
 
     worker: str
     size: int
     sha256: str
     seal: str | None
+    unpacked: int = 0
 
 
 class ArtifactStore(Protocol):
@@ -84,6 +86,10 @@ class ArtifactStore(Protocol):
     def hold_outputs(self, job_id: str, attempt: int, name: str, held: HeldArchive) -> None: ...
 
     def held_outputs(self, job_id: str, name: str) -> HeldArchive | None: ...
+
+    def hold_inputs(self, job_id: str, upload: str, name: str, held: HeldArchive) -> None: ...
+
+    def held_inputs(self, job_id: str, name: str) -> HeldArchive | None: ...
 
     def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str: ...
 
@@ -139,17 +145,33 @@ class RedisArtifactStore:
     def hold_outputs(self, job_id: str, attempt: int, name: str, held: HeldArchive) -> None:
         """Stage one attempt's record of an output archive its worker keeps (no chunks): it becomes
         the job's, and expires with it, as :meth:`put_outputs`'s files do."""
-        key = self._keys.staged_outputs(job_id, attempt)
+        self._hold(self._keys.staged_outputs(job_id, attempt), name, held)
+
+    def held_outputs(self, job_id: str, name: str) -> HeldArchive | None:
+        """The job's record of output archive ``name`` if its worker keeps it (None: not stored, or
+        stored here); :class:`CorruptArtifact` if the record cannot be read."""
+        return self._held(self._keys.outputs(job_id), name)
+
+    def hold_inputs(self, job_id: str, upload: str, name: str, held: HeldArchive) -> None:
+        """Stage the record of an input archive its submitter serves (no chunks), under the submit's
+        ``upload`` token: the submit makes it the job's, as :meth:`put_inputs`'s files."""
+        self._hold(self._keys.staged_inputs(job_id, upload), name, held)
+
+    def held_inputs(self, job_id: str, name: str) -> HeldArchive | None:
+        """The job's record of input archive ``name`` if its submitter serves it (None: not stored,
+        or stored here); :class:`CorruptArtifact` if the record cannot be read."""
+        return self._held(self._keys.inputs(job_id), name)
+
+    def _hold(self, key: str, name: str, held: HeldArchive) -> None:
         meta = {"size": held.size, "chunks": 0, "sha256": held.sha256, "seal": held.seal, "held": held.worker}
+        meta["unpacked"] = held.unpacked
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(key, name, json.dumps(meta))
         pipe.expire(key, PENDING_TTL)
         pipe.execute()
 
-    def held_outputs(self, job_id: str, name: str) -> HeldArchive | None:
-        """The job's record of output archive ``name`` if its worker keeps it (None: not stored, or
-        stored here); :class:`CorruptArtifact` if the record cannot be read."""
-        raw = self._redis.hget(self._keys.outputs(job_id), name)
+    def _held(self, key: str, name: str) -> HeldArchive | None:
+        raw = self._redis.hget(key, name)
         if raw is None:
             return None
         try:
@@ -158,7 +180,8 @@ class RedisArtifactStore:
                 return None
             seal = meta.get("seal")
             seal = seal if isinstance(seal, str) else None
-            return HeldArchive(str(meta["held"]), int(meta["size"]), str(meta["sha256"]), seal)
+            unpacked = int(meta.get("unpacked", 0))
+            return HeldArchive(str(meta["held"]), int(meta["size"]), str(meta["sha256"]), seal, unpacked)
         except (ValueError, TypeError, KeyError, AttributeError):
             raise CorruptArtifact(f"{name}: its record cannot be read") from None
 

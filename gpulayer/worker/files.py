@@ -1,4 +1,5 @@
-"""A job's files on the worker: its source and inputs fetched, checked against its signature and
+"""A job's files on the worker: its source and inputs fetched (or, over what Redis should hold,
+pulled from their submitter: :mod:`gpulayer.served_inputs`), checked against its signature and
 unpacked into its folder; its outputs packed, signed and uploaded as it ends (or, over what Redis
 should hold, kept on this worker: :mod:`.held`).
 
@@ -12,16 +13,20 @@ import contextlib
 import dataclasses
 import hashlib
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
 from ..archive import SPOOL_BYTES, Manifest, outputs_manifest, summarize
+from ..home import private_folder
 from ..models import JobSpec, OutputSummary
+from ..pulls import Pull
 from ..settings import Settings
-from ..signing import ResultSigner, check_file, seal_archive
+from ..signing import ResultSigner, VerifyKey, WorkerKey, check_file, seal_archive
 from ..store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE, ArtifactStore, HeldArchive
 from ..store.execution import Claim
+from ..store.transfers import TransferStore
+from ..transfer_seal import SUBMITTERS
 from ..units import format_size
 from ..unpacking import extract
 from .held import HeldOutputs
@@ -42,15 +47,55 @@ def fetch_inputs(
     *,
     max_bytes: int,
     retry: Retry,
+    pulls: InputPulls,
 ) -> None:
     """Unpack job ``target``'s source and inputs into ``folder``, each checked against ``digests``
-    (what its signature covers)."""
+    (what its signature covers); inputs its submitter serves are pulled through ``pulls``."""
     names = ([SOURCE_ARCHIVE] if spec.source else []) + ([INPUTS_ARCHIVE] if spec.inputs else [])
     for name in names:
+        held = retry(artifacts.held_inputs, target, name) if name == INPUTS_ARCHIVE else None
+        if held is not None:
+            check_file(digests, name, held.sha256)  # the one signed, before a byte of it comes
+            with pulls.pulled(target, name, held) as archive:
+                # As large as the submitter's files were: what they hold is the signed archive's.
+                extract(archive, folder, max_bytes=max(max_bytes, held.unpacked))
+            continue
         with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
             check_file(digests, name, retry(_download, artifacts, target, name, archive))
             # Inputs after the source, never over it: an input may not replace a source file.
             extract(archive, folder, max_bytes=max_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputPulls:
+    """How this worker pulls inputs their submitter serves: through ``transfers``, each chunk checked
+    with the installation's job key ``checker``, into ``folder`` (a pull cut short resumes there)."""
+
+    transfers: TransferStore
+    checker: VerifyKey
+    folder: Path
+
+    @contextlib.contextmanager
+    def pulled(self, target: str, name: str, held: HeldArchive) -> Iterator[IO[bytes]]:
+        """Archive ``name`` of job ``target``, which ``held`` says its submitter serves, pulled whole
+        (checked against ``held.sha256``) and open at its start; removed after."""
+        named = hashlib.sha256(target.encode()).hexdigest()[:16]
+        partial = private_folder(self.folder) / f"{named}-{held.sha256[:16]}.part"
+        try:
+            Pull(
+                self.transfers,
+                WorkerKey(SUBMITTERS, self.checker),
+                target,
+                name,
+                held,
+                partial,
+                who="its submitter",
+                again="submit it again, and keep the submit running until the job runs",
+            ).run()
+            with open(partial, "rb") as archive:
+                yield archive
+        finally:
+            partial.unlink(missing_ok=True)
 
 
 def _download(artifacts: ArtifactStore, target: str, name: str, archive: IO[bytes]) -> str:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from redis.client import Pipeline
 
-from ..errors import ArchiveError, UntrustedPayload
+from ..errors import ArchiveError, OutputsUnavailable, UntrustedPayload
 from ..models import (
     ATTEMPT_VARIABLE,
     CHECKPOINT_VARIABLE,
@@ -96,6 +96,8 @@ class Context:
     environments: EnvironmentCache
     #: Where outputs too large for Redis are kept, and from what size.
     held: files.Held
+    #: How inputs too large for Redis are pulled from their submitter.
+    pulls: files.InputPulls
     #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
@@ -180,6 +182,7 @@ class JobRunner:
                     self.workdir,
                     max_bytes=self.context.settings.max_job_bytes,
                     retry=self.through_outage,
+                    pulls=self.context.pulls,
                 )
             if folder:
                 # Unpacked while only the worker could write there; the job's user's from now on.
@@ -187,6 +190,8 @@ class JobRunner:
             ending = self._execute()
         except (ArchiveError, MissingArtifact, CorruptArtifact) as exc:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
+        except OutputsUnavailable as exc:
+            ending = Ending(JobState.FAILED, reason=f"cannot fetch the job's inputs: {exc}")
         except UntrustedPayload as exc:
             ending = Ending(JobState.FAILED, reason=f"refused: {exc}; it was not run")
             self.system(ending.reason or "")

@@ -52,7 +52,7 @@ from .cgroups import contain
 from .claiming import POLL_INTERVAL, ClaimLoop
 from .env_builds import EnvironmentCache
 from .executor_pool import ExecutorPool
-from .files import Held
+from .files import Held, InputPulls
 from .folders import Folders, remove_folder
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer, gang_hold
@@ -107,6 +107,7 @@ class Worker(RQWorkerShim):
         self._stores = stores = Stores.open(connection, settings, keyring)
         self.keys = stores.keys
         self._signer = keyring.result_signer(identity)
+        self._checker = keyring.checker()
         self.lease_ttl, self.heartbeat_interval = lease_timing(settings.lease_ttl, settings.heartbeat)
         self.settings, self.display_name = settings, name
         self._containment, self.offer = contain(settings, name, offer)
@@ -137,7 +138,7 @@ class Worker(RQWorkerShim):
         self._intake = JobIntake(
             self.store,
             self.keys,
-            keyring.checker(),
+            self._checker,
             self._context,
             self.offer,
             name=self.display_name,
@@ -207,6 +208,7 @@ class Worker(RQWorkerShim):
             self._limits,
             self._environments(area),
             Held.of(settings, name),
+            InputPulls(self._stores.transfers, self._checker, settings.home / "pulled" / name),
             self._claiming.next_claim,
             self._claiming.took_for_slot,
             GpuMemory.open(self.offer.gpus),
