@@ -4,6 +4,7 @@ sessions and monitoring through :class:`gpulayer.service.Service`, over the same
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -21,7 +22,7 @@ from typing import IO, Any
 from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
-from . import archive, placement, private, submits
+from . import archive, placement, presigned, private, submits
 from .access import Access
 from .archive_server import ArchiveServer
 from .calls import Call, Calls
@@ -46,17 +47,19 @@ from .models import (
     validated,
 )
 from .network import redact
+from .object_store import ObjectStore
 from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
 from .provisioned import GANG, Decision, Machine
 from .pulls import Progress, Pull
 from .requirements import Requirements
-from .served_inputs import ServedInputs
+from .served_inputs import ServedInputs, packed
 from .settings import Settings
 from .store.artifacts import (
     INPUTS_ARCHIVE,
     OUTPUTS_ARCHIVE,
     SOURCE_ARCHIVE,
+    HeldArchive,
     MissingArtifact,
 )
 from .store.connection import BLOCK_MS, connect
@@ -68,6 +71,17 @@ from .units import format_size
 from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Away:
+    """Where a submit's files over what Redis holds go: its inputs served by this client or put in
+    the object store (None: into Redis); its outputs' URLs made by the object store ``outputs``."""
+
+    inputs: ServedInputs | ObjectStore | None = None
+    outputs: ObjectStore | None = None
+
+
 #: Where, in a client's home, outputs a worker keeps are pulled to (and resumed from).
 DOWNLOADS = "downloads"
 #: The longest (ms) a wait on many jobs blocks on the first :data:`_FIRST` of them at a time.
@@ -198,9 +212,12 @@ class Client:
         )
         if options.fail_if_unschedulable:
             self._check_schedulable(spec)
-        # Inputs over what Redis holds are served by this client until a worker pulled them.
-        serve = bool(spec.inputs) and input_files.size > self.settings.redis_outputs_max_bytes
-        total = (0 if serve else input_files.size) + (source_files.size if source_files else 0)
+        # Inputs over what Redis holds go to the object store, else are served by this client until a
+        # worker pulled them.
+        big = bool(spec.inputs) and input_files.size > self.settings.redis_outputs_max_bytes
+        store = ObjectStore.configured(self.settings) if big or spec.outputs else None
+        serve = big and store is None
+        total = (0 if big else input_files.size) + (source_files.size if source_files else 0)
         if total > self.settings.max_job_bytes:
             raise ArtifactTooLarge(
                 f"the job's source and inputs hold {format_size(total)}, above the "
@@ -208,7 +225,12 @@ class Client:
             )
         uploads = {SOURCE_ARCHIVE: source_files, INPUTS_ARCHIVE: input_files if spec.inputs else None}
         idempotency_key = options.idempotency_key
-        if self._sender is not None and not idempotency_key and all(m is None for m in uploads.values()):
+        if (
+            self._sender is not None
+            and not idempotency_key
+            and store is None
+            and all(m is None for m in uploads.values())
+        ):
             self.stores.jobs.dump(spec)  # its size checked now, not in the background
             job_id = new_job_id()
             self._sender.put(job_id, spec)
@@ -221,8 +243,9 @@ class Client:
                 else None
             )
             try:
+                away = Away(served or (store if big else None), store if spec.outputs else None)
                 [job_id] = under_new_ids(
-                    1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key, served)}
+                    1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key, away)}
                 )
             except BaseException:
                 if served is not None:
@@ -240,22 +263,27 @@ class Client:
         spec: JobSpec,
         uploads: dict[str, archive.Manifest | None],
         idempotency_key: str | None,
-        served: ServedInputs | None = None,
+        away: Away | None = None,
     ) -> str | None:
-        """Upload the archives (of the inputs, only the record when ``served`` serves them) and
-        submit the job under ``job_id``: that id, an existing job's (the idempotency key's), or None
-        if the id was taken."""
-        staged = any(manifest is not None for manifest in uploads.values())
+        """Upload the archives (the inputs out of Redis where ``away`` says so: only their record)
+        and submit the job under ``job_id``: that id, an existing job's (the idempotency key's), or
+        None if the id was taken."""
+        away = away or Away()
+        staged = any(manifest is not None for manifest in uploads.values()) or away.outputs is not None
         upload = secrets.token_hex(4) if staged else ""
         try:
             files = {
                 name: self._upload(job_id, upload, name, manifest)
                 for name, manifest in uploads.items()
-                if manifest is not None and not (served is not None and name == INPUTS_ARCHIVE)
+                if manifest is not None and not (away.inputs is not None and name == INPUTS_ARCHIVE)
             }
-            if served is not None:
-                self.stores.artifacts.hold_inputs(job_id, upload, INPUTS_ARCHIVE, served.record)
-                files[INPUTS_ARCHIVE] = served.record.sha256
+            if away.inputs is not None and (manifest := uploads[INPUTS_ARCHIVE]) is not None:
+                held = _put_away(job_id, manifest, away.inputs)
+                self.stores.artifacts.hold_inputs(job_id, upload, INPUTS_ARCHIVE, held)
+                files[INPUTS_ARCHIVE] = held.sha256
+            if away.outputs is not None:
+                urls = away.outputs.presign(job_id, OUTPUTS_ARCHIVE)
+                self.stores.artifacts.plan_outputs(job_id, upload, urls.put or "", urls.get)
             submitted = self.stores.jobs.submit(job_id, spec, upload, files, idempotency_key)
         except BaseException:
             if staged:
@@ -559,7 +587,8 @@ class Job:
     @contextlib.contextmanager
     def _outputs(self, record: JobRecord, missing: str, progress: Progress | None) -> Iterator[IO[bytes]]:
         """The job's outputs archive, checked, open at its start: read from Redis, or pulled from the
-        worker that keeps it into the client's downloads folder (resumed there, removed once read)."""
+        worker that keeps it into the client's downloads folder (resumed there, removed once read),
+        or read from the object store through the URL its submitter made."""
         stores = self.client.stores
         held = stores.artifacts.held_outputs(self.id, OUTPUTS_ARCHIVE)
         if held is None:
@@ -576,7 +605,10 @@ class Job:
         downloads = private_folder(self.client.settings.home / DOWNLOADS)
         named = hashlib.sha256(self.id.encode()).hexdigest()[:16]
         partial = downloads / f"{named}-{held.sha256[:16]}.part"
-        Pull(stores.transfers, sender, self.id, OUTPUTS_ARCHIVE, held, partial, progress).run()
+        if held.url is not None:  # in the object store, read whole (no resume)
+            presigned.fetch(held.url, partial, held.size, held.sha256)
+        else:
+            Pull(stores.transfers, sender, self.id, OUTPUTS_ARCHIVE, held, partial, progress).run()
         with open(partial, "rb") as file:
             yield file
         partial.unlink(missing_ok=True)
@@ -622,6 +654,17 @@ def _block_ms(deadline: float | None, most: int) -> int | None:
         return most
     left = deadline - time.monotonic()
     return max(1, min(most, int(left * 1000))) if left > 0 else None
+
+
+def _put_away(job_id: str, manifest: archive.Manifest, inputs: ServedInputs | ObjectStore) -> HeldArchive:
+    """Job ``job_id``'s inputs archive's record: served by this client, or put in the object store."""
+    if isinstance(inputs, ServedInputs):
+        return inputs.record
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / INPUTS_ARCHIVE
+        size, sha256 = packed(manifest, path)
+        urls = inputs.upload(job_id, INPUTS_ARCHIVE, path)
+    return HeldArchive("", size, sha256, None, manifest.size, urls.get)
 
 
 def _reasons_text(plan: Plan) -> str:

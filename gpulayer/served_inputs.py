@@ -43,14 +43,9 @@ class ServedInputs:
         be served (for ``ttl`` seconds) before the job is: its worker may ask at once."""
         name = f"submitter-{secrets.token_hex(8)}"
         path = private_folder(home / SERVING) / f"{name}.tar.gz"
-        with open(path, "wb") as file:
-            manifest.write(file)
-        digest = hashlib.sha256()
-        with open(path, "rb") as file:
-            while block := file.read(SPOOL_BYTES):
-                digest.update(block)
+        size, sha256 = packed(manifest, path)
         transfers.serving(name, ttl)
-        return cls(path, HeldArchive(name, path.stat().st_size, digest.hexdigest(), None, manifest.size))
+        return cls(path, HeldArchive(name, size, sha256, None, manifest.size))
 
     def serve(self, stores: Stores, job_id: str, key: SigningKey, ttl: int) -> ArchiveServer:
         """Serving them to the worker that takes job ``job_id``, signed with the job ``key``, until
@@ -61,6 +56,17 @@ class ServedInputs:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def packed(manifest: Manifest, path: Path) -> tuple[int, str]:
+    """``manifest``'s files packed into the file ``path``: its size and SHA-256."""
+    with open(path, "wb") as file:
+        manifest.write(file)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(SPOOL_BYTES):
+            digest.update(block)
+    return path.stat().st_size, digest.hexdigest()
 
 
 class _InputServer(ArchiveServer):

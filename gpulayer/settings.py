@@ -138,6 +138,13 @@ class Settings:
     #: do its ``--input`` files the other way: larger ones are served by their submitter until a worker
     #: pulled them.
     redis_outputs_max_bytes: int = dataclasses.field(default=64 * MiB, metadata=_read(parse_size, "positive"))
+    #: An S3-compatible bucket (AWS S3, MinIO, R2, ...) that files over ``redis_outputs_max_bytes`` go
+    #: to instead (the submitter's setting: it alone holds the store's credentials, boto3's own, and
+    #: hands workers presigned URLs). None: no store; they stay with the side that made them.
+    s3_bucket: str | None = dataclasses.field(default=None, metadata=_read(str))
+    #: The store's endpoint, for one that is not AWS's (None: AWS's, by ``s3_region``).
+    s3_endpoint_url: str | None = dataclasses.field(default=None, metadata=_read(str))
+    s3_region: str | None = dataclasses.field(default=None, metadata=_read(str))
     #: Ended jobs, with their logs and outputs, are kept this long (seconds).
     retention_seconds: int = dataclasses.field(default=7 * 86400, metadata=_read(_whole_seconds, "positive"))
     #: After SIGTERM, a job's processes have this long (seconds) before SIGKILL.

@@ -53,15 +53,17 @@ Sealed = tuple[str, str | None]
 
 @dataclasses.dataclass(frozen=True)
 class HeldArchive:
-    """An archive kept by the side that made it (outputs: their worker; inputs: their submitter), as
-    Redis records it: who serves it (the name it serves under), its size and SHA-256, its seal (None:
-    unsealed), and how much its files hold unpacked (0: not recorded)."""
+    """An archive kept out of Redis, as Redis records it: who serves it (the name it serves under:
+    outputs' worker, inputs' submitter; "" when in an object store), its size and SHA-256, its seal
+    (None: unsealed), how much its files hold unpacked (0: not recorded), and, in an object store,
+    the presigned URL it is read from."""
 
     worker: str
     size: int
     sha256: str
     seal: str | None
     unpacked: int = 0
+    url: str | None = None
 
 
 class ArtifactStore(Protocol):
@@ -90,6 +92,10 @@ class ArtifactStore(Protocol):
     def hold_inputs(self, job_id: str, upload: str, name: str, held: HeldArchive) -> None: ...
 
     def held_inputs(self, job_id: str, name: str) -> HeldArchive | None: ...
+
+    def plan_outputs(self, job_id: str, upload: str, put: str, get: str) -> None: ...
+
+    def outputs_urls(self, job_id: str) -> tuple[str, str] | None: ...
 
     def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str: ...
 
@@ -162,9 +168,29 @@ class RedisArtifactStore:
         or stored here); :class:`CorruptArtifact` if the record cannot be read."""
         return self._held(self._keys.inputs(job_id), name)
 
+    def plan_outputs(self, job_id: str, upload: str, put: str, get: str) -> None:
+        """Stage, with the submit's inputs (``upload``), the presigned URLs the job's outputs archive
+        is put to and read from in the object store: its worker reads them before the job ends."""
+        pipe = self._redis.pipeline(transaction=False)
+        key = self._keys.staged_inputs(job_id, upload)
+        pipe.hset(key, OUTPUTS_ARCHIVE, json.dumps({"put": put, "get": get}))
+        pipe.expire(key, PENDING_TTL)
+        pipe.execute()
+
+    def outputs_urls(self, job_id: str) -> tuple[str, str] | None:
+        """Where the job's outputs archive goes in the object store, and is read from (None: no store)."""
+        raw = self._redis.hget(self._keys.inputs(job_id), OUTPUTS_ARCHIVE)
+        try:
+            urls = json.loads(raw) if raw is not None else None
+            return (str(urls["put"]), str(urls["get"])) if urls is not None else None
+        except (ValueError, TypeError, KeyError):
+            raise CorruptArtifact(f"{OUTPUTS_ARCHIVE}: its URLs cannot be read") from None
+
     def _hold(self, key: str, name: str, held: HeldArchive) -> None:
         meta = {"size": held.size, "chunks": 0, "sha256": held.sha256, "seal": held.seal, "held": held.worker}
         meta["unpacked"] = held.unpacked
+        if held.url is not None:
+            meta["url"] = held.url
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(key, name, json.dumps(meta))
         pipe.expire(key, PENDING_TTL)
@@ -178,10 +204,11 @@ class RedisArtifactStore:
             meta = json.loads(raw)
             if "held" not in meta:
                 return None
-            seal = meta.get("seal")
+            seal, url = meta.get("seal"), meta.get("url")
             seal = seal if isinstance(seal, str) else None
+            url = url if isinstance(url, str) else None
             unpacked = int(meta.get("unpacked", 0))
-            return HeldArchive(str(meta["held"]), int(meta["size"]), str(meta["sha256"]), seal, unpacked)
+            return HeldArchive(str(meta["held"]), int(meta["size"]), str(meta["sha256"]), seal, unpacked, url)
         except (ValueError, TypeError, KeyError, AttributeError):
             raise CorruptArtifact(f"{name}: its record cannot be read") from None
 
@@ -265,7 +292,7 @@ class RedisArtifactStore:
             raise MissingArtifact(name)
         meta = json.loads(raw)
         if "held" in meta:
-            raise MissingArtifact(f"{name} is kept on worker {meta['held']}")
+            raise MissingArtifact(f"{name} is kept out of Redis ({meta['held'] or 'an object store'})")
         digest = hashlib.sha256()
         size = 0
         for start in range(0, meta["chunks"], _BATCH):

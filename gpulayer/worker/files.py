@@ -12,11 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
+from .. import presigned
 from ..archive import SPOOL_BYTES, Manifest, outputs_manifest, summarize
 from ..home import private_folder
 from ..models import JobSpec, OutputSummary
@@ -32,6 +34,7 @@ from ..unpacking import extract
 from .held import HeldOutputs
 
 T = TypeVar("T")
+log = logging.getLogger("gpulayer.worker")
 
 
 class Retry(Protocol):
@@ -77,21 +80,25 @@ class InputPulls:
 
     @contextlib.contextmanager
     def pulled(self, target: str, name: str, held: HeldArchive) -> Iterator[IO[bytes]]:
-        """Archive ``name`` of job ``target``, which ``held`` says its submitter serves, pulled whole
-        (checked against ``held.sha256``) and open at its start; removed after."""
+        """Archive ``name`` of job ``target``, which ``held`` says its submitter serves (or the object
+        store holds), pulled whole (checked against ``held.sha256``) and open at its start; removed
+        after."""
         named = hashlib.sha256(target.encode()).hexdigest()[:16]
         partial = private_folder(self.folder) / f"{named}-{held.sha256[:16]}.part"
         try:
-            Pull(
-                self.transfers,
-                WorkerKey(SUBMITTERS, self.checker),
-                target,
-                name,
-                held,
-                partial,
-                who="its submitter",
-                again="submit it again, and keep the submit running until the job runs",
-            ).run()
+            if held.url is not None:  # in the object store
+                presigned.fetch(held.url, partial, held.size, held.sha256)
+            else:
+                Pull(
+                    self.transfers,
+                    WorkerKey(SUBMITTERS, self.checker),
+                    target,
+                    name,
+                    held,
+                    partial,
+                    who="its submitter",
+                    again="submit it again, and keep the submit running until the job runs",
+                ).run()
             with open(partial, "rb") as archive:
                 yield archive
         finally:
@@ -133,8 +140,9 @@ def upload_outputs(
         except OSError as exc:
             size = format_size(manifest.size)
             return None, f"cannot keep its {size} of outputs on worker {held.worker}: {exc}"
+        kept = _put_away(kept, claim, held, retry(artifacts.outputs_urls, claim.target))
         retry(artifacts.hold_outputs, claim.job_id, claim.attempt, OUTPUTS_ARCHIVE, kept)
-        return summary.model_copy(update={"held_by": held.worker}), None
+        return summary.model_copy(update={"held_by": kept.worker or None}), None
     with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as archive:
         with reading():
             manifest.write(archive)
@@ -154,6 +162,21 @@ class Held:
     def of(cls, settings: Settings, worker: str) -> Held:
         """Worker ``worker``'s, in its home, past ``settings.redis_outputs_max_bytes``."""
         return cls(HeldOutputs(settings.home / "held" / worker), worker, settings.redis_outputs_max_bytes)
+
+
+def _put_away(kept: HeldArchive, claim: Claim, held: Held, urls: tuple[str, str] | None) -> HeldArchive:
+    """What this worker keeps, put in the object store when the submitter gave ``urls`` to (its copy
+    removed then); kept here if there are none, or the store refuses it."""
+    if urls is None:
+        return kept
+    put, get = urls
+    try:
+        presigned.upload(put, held.outputs.path(claim.target, OUTPUTS_ARCHIVE))
+    except OSError as exc:
+        log.warning("job %s: its outputs stay on this worker: %s", claim.target, exc)
+        return kept
+    held.outputs.remove(claim.target)
+    return dataclasses.replace(kept, worker="", url=get)
 
 
 def _hold(

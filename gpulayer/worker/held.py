@@ -36,6 +36,10 @@ class HeldOutputs:
     def _folder(self, job_id: str) -> Path:
         return self.root / hashlib.sha256(job_id.encode()).hexdigest()
 
+    def remove(self, job_id: str) -> None:
+        """What is kept for job ``job_id`` (it went elsewhere)."""
+        remove_folder(self._folder(job_id))
+
     def writing(self, job_id: str, name: str) -> tuple[Path, Callable[[], Path]]:
         """A new file to write archive ``name`` of job ``job_id`` in, and what makes it the kept one
         once it is whole (replacing one an earlier attempt kept)."""
