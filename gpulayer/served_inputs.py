@@ -9,9 +9,11 @@ NAT. A job whose submitter stopped serving before a worker pulled its inputs fai
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import secrets
+import time
 from pathlib import Path
 
 from .archive import SPOOL_BYTES, Manifest
@@ -42,7 +44,12 @@ class ServedInputs:
         """``manifest``'s files packed into ``home``, under a name of their own to serve as, said to
         be served (for ``ttl`` seconds) before the job is: its worker may ask at once."""
         name = f"submitter-{secrets.token_hex(8)}"
-        path = private_folder(home / SERVING) / f"{name}.tar.gz"
+        folder = private_folder(home / SERVING)
+        for left in folder.iterdir():  # by a client that stopped before its job ran: long given up
+            with contextlib.suppress(OSError):
+                if time.time() - left.stat().st_mtime > ttl:
+                    left.unlink()
+        path = folder / f"{name}.tar.gz"
         size, sha256 = packed(manifest, path)
         transfers.serving(name, ttl)
         return cls(path, HeldArchive(name, size, sha256, None, manifest.size))

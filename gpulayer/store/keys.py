@@ -107,7 +107,9 @@ class Keys:
             "logs": f"{prefix}:logs:{{}}",
             # Stream with one entry, added when the job ends; waiters block on it.
             "done": f"{prefix}:done:{{}}",
-            # Hash of a job's source and input archives, in chunks.
+            # Hash of a job's source and input archives, in chunks (or, for inputs too large for Redis,
+            # their record: who serves them, or their object store URL); with a store, the URLs the
+            # job's outputs archive goes to and is read from.
             "inputs": f"{prefix}:files:{{}}:in",
             # Hash of a job's output archive (or a function's result), in chunks.
             "outputs": f"{prefix}:files:{{}}:out",
