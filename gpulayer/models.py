@@ -124,7 +124,7 @@ class Distributed(BaseModel):
         defaults to the GPUs per node of a job that asks for GPUs, else 1."""
         if not gang.is_gang:
             return None
-        gpus = requirements.gpus if requirements.accelerator in ("cuda", "any") else 0
+        gpus = requirements.gpus if requirements.accelerator in ("cuda", "rocm", "any") else 0
         fields = {
             "nodes": gang.nodes or 1,
             "procs_per_node": gang.procs_per_node or gpus or 1,

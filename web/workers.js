@@ -45,11 +45,12 @@ export function mountWorkers(root) {
     const gpus = workers.reduce((sum, w) => sum + w.gpus.length, 0);
     const busy = workers.reduce((sum, w) => sum + w.gpus_busy.length, 0);
     const running = workers.reduce((sum, w) => sum + w.running, 0);
+    // replaceChildren writes a null as the text "null": GPUs are counted only where there are some.
     totals.replaceChildren(
       total(workers.length, workers.length === 1 ? "worker" : "workers"),
       total(running, "running"),
       total(`${used}/${slots}`, "CPU slots"),
-      gpus ? total(`${busy}/${gpus}`, "GPUs busy") : null,
+      ...(gpus ? [total(`${busy}/${gpus}`, "GPUs busy")] : []),
     );
     if (!workers.length) {
       grid.replaceChildren(empty("No workers are connected", "Start one with: gpulayer worker start (or gpulayer up)"));

@@ -99,11 +99,13 @@ def requirement_options(command: F) -> F:
     options = [
         click.option(
             "--accelerator",
-            type=click.Choice(["cpu", "cuda", "mps", "any"]),
+            type=click.Choice(["cpu", "cuda", "rocm", "mps", "any"]),
             help="The kind of device (default: cpu, or any when --gpus is given).",
         ),
         click.option(
-            "--gpus", type=click.IntRange(0, 64), help="GPUs the job needs (default 1 for cuda and mps)."
+            "--gpus",
+            type=click.IntRange(0, 64),
+            help="GPUs the job needs (default 1 for cuda, rocm and mps).",
         ),
         click.option(
             "--gpu-memory", metavar="SIZE", help="Memory each GPU must have, at least (24GB, 40GiB)."
