@@ -295,10 +295,13 @@ class Client:
         *,
         ordered: bool = True,
         max_in_flight: int | None = None,
+        return_exceptions: bool = False,
     ) -> Iterator[Any]:
         """Submit the calls and yield their values (see :meth:`gpulayer.RemoteFunction.map`)."""
         self.flush()
-        return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
+        return self._calls.map(
+            function, calls, options or CallOptions(), ordered, max_in_flight, return_exceptions
+        )
 
     def function_result(
         self, job_id: str, timeout: float | None = None, *, allow_pickle: bool | None = None
