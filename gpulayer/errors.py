@@ -44,6 +44,9 @@ this drawing to the classes.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 
 class GpulayerError(Exception):
     """Base of every error GPUlayer raises on purpose."""
@@ -61,6 +64,16 @@ class InvalidJobSpec(InvalidRequest):
 
     # As click's usage errors: the command line itself is wrong.
     exit_code = 2
+
+    def __init__(
+        self, message: str, field: str | None = None, problem: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        #: The option at fault, by its name in the model (``retry_delay``), where one field is, and
+        #: pydantic's report of what is wrong with it (``type``, ``msg``, ``ctx``): what the CLI says
+        #: in its flags' terms (``--retry-delay: at most 1h``).
+        self.field = field
+        self.problem = problem
 
 
 class SourceError(InvalidRequest):

@@ -16,11 +16,12 @@ import redis.exceptions
 from .. import __version__
 from .. import access as accesses
 from ..client import Client
-from ..errors import GpulayerError, RedisUnavailable
+from ..errors import GpulayerError, InvalidJobSpec, RedisUnavailable
 from ..models import AccessRole, JobRecord, JobState
 from ..network import redact
 from ..settings import Settings
 from ..units import parse_duration
+from .flags import said_in_flags
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: Where a command keeps the (redacted) Redis URL it uses, for its error messages.
@@ -57,6 +58,8 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except InvalidJobSpec as exc:
+            raise CommandError(said_in_flags(exc) or str(exc), exc.exit_code) from None
         except GpulayerError as exc:
             raise CommandError(str(exc), exc.exit_code) from None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:

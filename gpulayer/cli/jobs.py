@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -166,7 +167,7 @@ def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | Non
                 record.worker or "-",
                 record.created_at.astimezone().strftime("%m-%d %H:%M:%S"),
                 _elapsed(record),
-                _one_line(" ".join(record.command))[:60],
+                _one_line(shlex.join(record.command))[:60],
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -192,7 +193,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
     fields = [
         ("id", record.id),
         ("name", record.name),
-        ("command", " ".join(record.command)),
+        ("command", shlex.join(record.command)),
         ("needs", record.spec.requirements.describe()),
         ("python env", record.spec.environment.describe() if record.spec.environment else None),
         ("gang", _gang_text(record)),
