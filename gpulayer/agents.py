@@ -25,13 +25,16 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import WithJsonSchema
+from redis.exceptions import RedisError
 
 from . import __version__
 from .client import Client, Job
 from .errors import GpulayerError, WaitTimeout
+from .inventory import known
 from .models import JobRecord, JobState, LogLine, validated
 from .options import SubmitOptions
 from .requirements import Requirements
+from .store.connection import redis_failure
 from .unpacking import extract
 
 #: The longest one wait_for_job call waits (s), whatever the agent asks.
@@ -64,16 +67,23 @@ OptionsArgument = Annotated[
 
 
 def tool_errors(function: Callable[..., T]) -> Callable[..., T]:
-    """A GPUlayer error as a tool error of one line, with the CLI's exit status."""
+    """A GPUlayer error, or Redis's (out of reach, refusing), as a tool error of one line with the
+    CLI's exit status: the agent reads the cause, not "Error executing tool"."""
 
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> T:
         try:
             return function(*args, **kwargs)
         except GpulayerError as exc:
-            raise ToolError(f"{exc} (exit status {exc.exit_code})") from None
+            raise _tool_error(exc) from None
+        except RedisError as exc:
+            raise _tool_error(redis_failure(exc)) from None
 
     return wrapped
+
+
+def _tool_error(error: GpulayerError) -> ToolError:
+    return ToolError(f"{error} (exit status {error.exit_code})")
 
 
 def build(client: Client, *, read_only: bool = False, remote: bool = False) -> MCPServer:
@@ -99,8 +109,14 @@ def _read_tools(server: MCPServer, client: Client) -> None:
     @tool_errors
     def list_workers() -> dict[str, Any]:
         """The connected workers: each one's GPUs (model, memory, busy or free), CPU slots, memory,
-        labels and frameworks, and what its jobs hold now."""
-        return {"workers": [worker.model_dump(mode="json") for worker in client.workers()]}
+        labels, frameworks of note (torch, jax, ...: a job's ``frameworks`` may name any installed
+        package) and what its jobs hold now."""
+        return {
+            "workers": [
+                {**worker.model_dump(mode="json"), "frameworks": known(worker.frameworks)}
+                for worker in client.workers()
+            ]
+        }
 
     @server.tool(annotations=_READ)
     @tool_errors
@@ -283,12 +299,14 @@ def _named(
 
 
 def _waited(job: Job, seconds: float) -> JobRecord:
-    try:
-        return job.wait(timeout=seconds)
-    except WaitTimeout:
-        return job.status()
-    except GpulayerError as exc:
-        raise ToolError(f"{exc} (exit status {exc.exit_code})") from None
+    @tool_errors
+    def wait() -> JobRecord:
+        try:
+            return job.wait(timeout=seconds)
+        except WaitTimeout:
+            return job.status()
+
+    return wait()
 
 
 def _local(path: str) -> str:
