@@ -28,11 +28,12 @@ from pydantic import WithJsonSchema
 from redis.exceptions import RedisError
 
 from . import __version__
-from .client import Client, Job
+from .client import WORKER_JOIN_GRACE, Client, Job
 from .errors import GpulayerError, WaitTimeout
 from .inventory import known
 from .models import JobRecord, JobState, LogLine, validated
 from .options import SubmitOptions
+from .placement import Plan
 from .requirements import Requirements
 from .store.connection import redis_failure
 from .unpacking import extract
@@ -169,13 +170,23 @@ def _read_tools(server: MCPServer, client: Client) -> None:
         return {"lines": lines, "truncated": truncated, "next_after": last}
 
     @server.tool(annotations=_READ)
-    async def wait_for_job(job_id: str, ctx: Context, timeout: float = 60, tail: int = 20) -> dict[str, Any]:
+    async def wait_for_job(
+        job_id: str, ctx: Context, timeout: float = 60, tail: int = 20, wait_for_capacity: bool = False
+    ) -> dict[str, Any]:
         """Wait for a job to end, at most ``timeout`` seconds (and at most 600), reporting progress
         meanwhile; then its state (``ended`` says whether it has), exit code, reason and the last
-        ``tail`` lines of its log. Other calls go on while it waits."""
+        ``tail`` lines of its log. Other calls go on while it waits. A queued job no connected worker
+        could ever run is answered at once with ``why`` (each worker's reason), unless
+        ``wait_for_capacity`` (wait for a worker that joins)."""
         job = client.get(job_id)
         limit = max(0.0, min(timeout, MAX_WAIT))
         started = time.monotonic()
+        if not wait_for_capacity:
+            grace = min(limit, WORKER_JOIN_GRACE)
+            plan = await anyio.to_thread.run_sync(tool_errors(job.unrunnable), grace)
+            if plan is not None:
+                record = await anyio.to_thread.run_sync(tool_errors(job.status))
+                return {**_summary(record), "ended": False, **_unrunnable(plan)}
         record = await anyio.to_thread.run_sync(tool_errors(job.status))
         while not record.state.is_terminal and time.monotonic() - started < limit:
             left = limit - (time.monotonic() - started)
@@ -203,7 +214,8 @@ def _write_tools(server: MCPServer, client: Client) -> None:
         ``options`` say (its environment, outputs: paths or globs kept when it ends, for
         download_outputs; retries; nodes for a gang job; ...). ``source``: a folder on this machine
         shipped as the job's working folder (minus .git, caches, what .gitignore ignores and
-        GPUlayer's own home); ``inputs``: files placed there. Returns its id and state. Paths are
+        GPUlayer's own home); ``inputs``: files placed there. Returns its id and state, and, when no
+        connected worker could ever run it (it stays queued), ``runnable: false`` and ``why``. Paths are
         read as this server's user, on its machine: it runs over stdio, on the user's own machine,
         for them (the server the HTTP API serves takes no path: only an archive)."""
         folder = _local(source) if source else None
@@ -245,7 +257,8 @@ def _remote_write_tools(server: MCPServer, client: Client) -> None:
         that has what ``requirements`` ask for (see plan_job), run as ``options`` say.
         ``source_archive``: the job's working folder as a tar archive (gzip or not), base64, checked
         and unpacked as POST /jobs does; ``options.outputs``: paths or globs kept when it ends (fetch
-        them from the HTTP API's /api/v1/jobs/{id}/outputs). Returns its id and state."""
+        them from the HTTP API's /api/v1/jobs/{id}/outputs). Returns its id and state (and ``why``
+        when no connected worker could ever run it)."""
         with tempfile.TemporaryDirectory(prefix="gpulayer-mcp-") as scratch:
             source = None
             if source_archive is not None:
@@ -272,7 +285,13 @@ def _submitted(
     """What both submit_job tools do, once their files are on this machine."""
     checked = validated(SubmitOptions, options or {})
     job = client.submit(command, source=source, inputs=inputs, requirements=requirements, options=checked)
-    return {"id": job.id, "state": job.status().state.value}
+    plan = job.unrunnable()
+    return {"id": job.id, "state": job.status().state.value, **(_unrunnable(plan) if plan else {})}
+
+
+def _unrunnable(plan: Plan) -> dict[str, Any]:
+    """What an answer adds for a queued job no connected worker could ever run: each worker's reason."""
+    return {"runnable": False, "why": [reason.model_dump() for reason in plan.reasons]}
 
 
 def _named(

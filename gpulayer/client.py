@@ -445,8 +445,28 @@ class Job:
 
     def why(self) -> Plan:
         """For a queued job: where it would start now, or why each worker cannot run it."""
-        spec = self.status().spec
-        return self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
+        return self._plan(self.status().spec, self.client.workers())
+
+    def _plan(self, spec: JobSpec, workers: list[WorkerInfo]) -> Plan:
+        return placement.plan(spec.requirements, workers, spec.distributed.nodes if spec.distributed else 1)
+
+    def unrunnable(self, grace: float = 0.0) -> Plan | None:
+        """The plan of a queued job no connected worker could ever run (its reasons say why, worker
+        by worker); None if it is not queued, or some connected worker could run it (busy or not).
+        While no worker is connected at all, it looks again for up to ``grace`` seconds: a worker
+        started beside the job may not have registered yet. One that joins later is not waited for."""
+        deadline = time.monotonic() + grace
+        while True:
+            record = self.status()
+            if record.state is not JobState.QUEUED:
+                return None
+            workers = self.client.workers()
+            plan = self._plan(record.spec, workers)
+            if plan.schedulable:
+                return None
+            if workers or time.monotonic() >= deadline:
+                return plan
+            time.sleep(_JOIN_POLL)
 
     @contextlib.contextmanager
     def saying_why_queued(self, after: float, say: Callable[[str], None]) -> Iterator[None]:
@@ -535,6 +555,13 @@ def _block_ms(deadline: float | None, most: int) -> int | None:
         return most
     left = deadline - time.monotonic()
     return max(1, min(most, int(left * 1000))) if left > 0 else None
+
+
+#: How long a wait looks for a worker while none is connected before it says that no worker could run
+#: the job (s): a worker started beside it (`gpulayer up`'s, a test's) registers well within this.
+WORKER_JOIN_GRACE = 10.0
+#: How often :meth:`Job.unrunnable` looks for a worker while none is connected (s).
+_JOIN_POLL = 0.5
 
 
 def _reasons_text(plan: Plan) -> str:

@@ -213,6 +213,29 @@ async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict
 
 
 @pytest.mark.anyio
+async def test_a_job_no_worker_could_run_is_said_so_at_submit_and_at_once_in_a_wait(
+    workers: Workers, env: dict[str, str]
+) -> None:
+    workers.start("cpu-box")
+    async with session(env) as agent:
+        submitted = await call(
+            agent, "submit_job", command=["nvidia-smi"], requirements={"accelerator": "cuda"}
+        )
+        assert submitted["state"] == "queued"
+        assert submitted["runnable"] is False
+        assert [reason["worker"] for reason in submitted["why"]] == ["cpu-box"]
+        started = time.monotonic()
+        waited = await call(agent, "wait_for_job", job_id=submitted["id"], timeout=60)
+        assert time.monotonic() - started < 10
+        assert (waited["ended"], waited["runnable"]) == (False, False)
+        assert waited["why"][0]["codes"]
+        patient = await call(agent, "wait_for_job", job_id=submitted["id"], timeout=1, wait_for_capacity=True)
+        assert "runnable" not in patient
+        fits = await call(agent, "submit_job", command=["true"])
+        assert "why" not in fits
+
+
+@pytest.mark.anyio
 async def test_redis_out_of_reach_reaches_the_agent_as_its_one_line_cause(env: dict[str, str]) -> None:
     down = {**env, "GPULAYER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
     async with session(down) as agent:

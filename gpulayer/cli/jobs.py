@@ -14,14 +14,15 @@ from typing import Any, NoReturn
 
 import click
 
-from ..client import Job
-from ..errors import GpulayerError, WaitTimeout
+from ..client import WORKER_JOIN_GRACE, Job
+from ..errors import GpulayerError, Unschedulable, WaitTimeout
 from ..models import JobRecord, JobState, JobUsage, LogLine
 from ..options import SubmitOptions
 from ..units import format_size
 from . import terminal
 from .app import (
     EXIT_INTERRUPTED,
+    CommandError,
     duration,
     job_exit_code,
     open_client,
@@ -57,6 +58,11 @@ QUEUED_HINT_AFTER = 3.0
     help="Stream the job's logs, bring its outputs back into --dest, and exit with its exit code.",
 )
 @click.option(
+    "--wait-for-capacity",
+    is_flag=True,
+    help="With --wait: wait even when no connected worker could ever run the job (for one that joins).",
+)
+@click.option(
     "--dest",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("."),
@@ -69,6 +75,7 @@ def submit(
     inputs: tuple[Path, ...],
     gpus_per_node: int | None,
     wait: bool,
+    wait_for_capacity: bool,
     dest: Path,
     redis_url: str | None,
     command: tuple[str, ...],
@@ -93,6 +100,8 @@ def submit(
         _warn_if_no_worker_fits(job)
         return
     click.echo(f"job {job.id} queued", err=True)
+    with _interruptible(job):
+        _unless_unrunnable(job, wait_for_capacity)
     with _interruptible(job), job.saying_why_queued(QUEUED_HINT_AFTER, _say):
         _print_lines(job, follow=True)
         record = job.wait()
@@ -108,6 +117,22 @@ def _warn_if_no_worker_fits(job: Job) -> None:
     if not plan.schedulable:
         click.echo(f"gpulayer: job {job.id} waits in the queue; it cannot start yet:", err=True)
         print_plan(plan, err=True)
+
+
+def _unless_unrunnable(job: Job, wait_for_capacity: bool) -> None:
+    """A wait for a queued job that no connected worker could ever run ends at once, saying why
+    worker by worker (exit 1); with none connected, once a worker starting beside it has had
+    :data:`WORKER_JOIN_GRACE` to register. ``wait_for_capacity``: wait anyway, for one that joins."""
+    plan = None if wait_for_capacity else job.unrunnable(WORKER_JOIN_GRACE)
+    if plan is None:
+        return
+    for line in plan.lines():
+        _say(line)
+    raise CommandError(
+        f"job {job.id} stays queued: no connected worker could ever run it "
+        f"(--wait-for-capacity waits for one that joins; `gpulayer cancel {job.id}` drops it)",
+        Unschedulable.exit_code,
+    )
 
 
 def _say(line: str) -> None:
@@ -260,11 +285,18 @@ def logs(job_id: str, follow: bool, rank: int | None, redis_url: str | None) -> 
 @click.command()
 @click.argument("job_id")
 @click.option("--timeout", callback=duration, metavar="DURATION", help="Give up after this long (exit 75).")
+@click.option(
+    "--wait-for-capacity",
+    is_flag=True,
+    help="Wait even when no connected worker could ever run the job (for one that joins).",
+)
 @redis_url_option
-def wait(job_id: str, timeout: float | None, redis_url: str | None) -> None:
-    """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled)."""
+def wait(job_id: str, timeout: float | None, wait_for_capacity: bool, redis_url: str | None) -> None:
+    """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled). A queued job
+    no connected worker could ever run ends the wait at once, saying why (exit 1)."""
     job = open_client(redis_url).get(job_id)
     with _interruptible(job):
+        _unless_unrunnable(job, wait_for_capacity)
         record = job.wait(timeout)
     _report_end(record)
     sys.exit(job_exit_code(record))
