@@ -54,7 +54,7 @@ from .store.artifacts import (
     MissingArtifact,
 )
 from .store.connection import BLOCK_MS, connect
-from .store.jobs import new_job_id, under_new_ids
+from .store.jobs import Collected, new_job_id, under_new_ids
 from .store.readahead import ReadAhead
 from .store.sender import Sender
 from .store.stores import Stores
@@ -383,6 +383,15 @@ class Client:
         """How many jobs are in each state (ended ones until their retention)."""
         self.flush()
         return self.stores.jobs.counts()
+
+    def collect(self, older_than: float | None = None, *, dry_run: bool = False) -> Collected:
+        """End now what retention would end later: every job that ended ``older_than`` seconds ago or
+        earlier (default: this client's retention, ``GPULAYER_RETENTION_SECONDS``) goes, with its logs
+        and outputs; returns what was freed (``dry_run``: what would be, deleting nothing)."""
+        self.flush()
+        return self.stores.jobs.collect(
+            self.settings.retention_seconds if older_than is None else older_than, dry_run
+        )
 
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""

@@ -335,6 +335,24 @@ def outputs(job_id: str, dest: Path, redis_url: str | None) -> None:
         click.echo(path)
 
 
+@click.command()
+@click.option(
+    "--older-than",
+    callback=duration,
+    metavar="DURATION",
+    help="End the jobs that ended this long ago or more (default: GPULAYER_RETENTION_SECONDS, 7d).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be freed; delete nothing.")
+@redis_url_option
+def gc(older_than: float | None, dry_run: bool, redis_url: str | None) -> None:
+    """End now what retention would end later: ended jobs, with their logs and outputs. The admin's."""
+    freed = open_client(redis_url, ("admin",)).collect(older_than, dry_run=dry_run)
+    click.echo(
+        f"{'would free' if dry_run else 'freed'} {freed.jobs} job(s), {freed.files} output archive(s), "
+        f"{format_size(freed.bytes)}"
+    )
+
+
 def _print_lines(job: Job, *, follow: bool, rank: int | None = None) -> None:
     for line in job.logs(follow=follow, rank=rank):
         _echo_line(line, prefix=rank is None)
