@@ -44,9 +44,6 @@ this drawing to the classes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 
 class GpulayerError(Exception):
     """Base of every error GPUlayer raises on purpose."""
@@ -66,7 +63,7 @@ class InvalidJobSpec(InvalidRequest):
     exit_code = 2
 
     def __init__(
-        self, message: str, field: str | None = None, problem: Mapping[str, Any] | None = None
+        self, message: str, field: str | None = None, problem: dict[str, object] | None = None
     ) -> None:
         super().__init__(message)
         #: The option at fault, by its name in the model (``retry_delay``), where one field is, and

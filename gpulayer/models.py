@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Literal, TypeVar, cast
 
 from pydantic import (
     AfterValidator,
@@ -228,7 +228,7 @@ def validated(model: type[M], fields: Mapping[str, object]) -> M:
     except ValidationError as exc:
         first = exc.errors()[0]
         field = _where(first["loc"][:1] if first["loc"][:1] != ("requirements",) else first["loc"][:2])
-        problem: dict[str, Any] = {"type": first["type"], "msg": first["msg"], "ctx": first.get("ctx", {})}
+        problem: dict[str, object] = {"type": first["type"], "msg": first["msg"], "ctx": first.get("ctx", {})}
         raise InvalidJobSpec(f"invalid job: {validation_message(exc)}", field or None, problem) from None
 
 

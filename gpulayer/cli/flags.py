@@ -59,7 +59,7 @@ def said_in_flags(error: InvalidJobSpec) -> str | None:
 
 
 def _problem(field: FieldInfo, problem: Mapping[str, Any]) -> str:
-    bound = _BOUNDS.get(problem["type"])
+    bound = _BOUNDS.get(str(problem["type"]))
     if bound is None:
         return str(problem["msg"]).removeprefix("Value error, ")
     key, words = bound
