@@ -58,7 +58,7 @@ from .store.artifacts import (
     MissingArtifact,
 )
 from .store.connection import BLOCK_MS, connect
-from .store.jobs import new_job_id, under_new_ids
+from .store.jobs import Collected, new_job_id, under_new_ids
 from .store.readahead import ReadAhead
 from .store.sender import Sender
 from .store.stores import Stores
@@ -304,10 +304,13 @@ class Client:
         *,
         ordered: bool = True,
         max_in_flight: int | None = None,
+        return_exceptions: bool = False,
     ) -> Iterator[Any]:
         """Submit the calls and yield their values (see :meth:`gpulayer.RemoteFunction.map`)."""
         self.flush()
-        return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
+        return self._calls.map(
+            function, calls, options or CallOptions(), ordered, max_in_flight, return_exceptions
+        )
 
     def function_result(
         self, job_id: str, timeout: float | None = None, *, allow_pickle: bool | None = None
@@ -390,6 +393,15 @@ class Client:
         self.flush()
         return self.stores.jobs.counts()
 
+    def collect(self, older_than: float | None = None, *, dry_run: bool = False) -> Collected:
+        """End now what retention would end later: every job that ended ``older_than`` seconds ago or
+        earlier (default: this client's retention, ``GPULAYER_RETENTION_SECONDS``) goes, with its logs
+        and outputs; returns what was freed (``dry_run``: what would be, deleting nothing)."""
+        self.flush()
+        return self.stores.jobs.collect(
+            self.settings.retention_seconds if older_than is None else older_than, dry_run
+        )
+
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self.stores.workers.list()
@@ -459,7 +471,7 @@ class Job:
         """For a queued job: where it would start now, or why each worker cannot run it; and what the
         autoscaler decided for it, where one runs."""
         spec = self.status().spec
-        plan = self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
+        plan = self._plan(spec, self.client.workers())
         decision = self._capacity(spec)
         return plan.model_copy(update={"capacity": decision.text}) if decision else plan
 
@@ -472,6 +484,27 @@ class Job:
         return self.client.stores.capacity.decision(
             f"{GANG}{self.id}" if gang else self.client.keys.queue_for(spec.queue)
         )
+
+    def _plan(self, spec: JobSpec, workers: list[WorkerInfo]) -> Plan:
+        return placement.plan(spec.requirements, workers, spec.distributed.nodes if spec.distributed else 1)
+
+    def unrunnable(self, grace: float = 0.0) -> Plan | None:
+        """The plan of a queued job no connected worker could ever run (its reasons say why, worker
+        by worker); None if it is not queued, or some connected worker could run it (busy or not).
+        While no worker is connected at all, it looks again for up to ``grace`` seconds: a worker
+        started beside the job may not have registered yet. One that joins later is not waited for."""
+        deadline = time.monotonic() + grace
+        while True:
+            record = self.status()
+            if record.state is not JobState.QUEUED:
+                return None
+            workers = self.client.workers()
+            plan = self._plan(record.spec, workers)
+            if plan.schedulable:
+                return None
+            if workers or time.monotonic() >= deadline:
+                return plan
+            time.sleep(_JOIN_POLL)
 
     @contextlib.contextmanager
     def saying_why_queued(self, after: float, say: Callable[[str], None]) -> Iterator[None]:
@@ -579,6 +612,13 @@ def _block_ms(deadline: float | None, most: int) -> int | None:
         return most
     left = deadline - time.monotonic()
     return max(1, min(most, int(left * 1000))) if left > 0 else None
+
+
+#: How long a wait looks for a worker while none is connected before it says that no worker could run
+#: the job (s): a worker started beside it (`gpulayer up`'s, a test's) registers well within this.
+WORKER_JOIN_GRACE = 10.0
+#: How often :meth:`Job.unrunnable` looks for a worker while none is connected (s).
+_JOIN_POLL = 0.5
 
 
 def _reasons_text(plan: Plan) -> str:

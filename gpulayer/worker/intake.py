@@ -4,6 +4,7 @@ signed asks, then given its runner; or failed, unrun."""
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -68,7 +69,7 @@ class JobIntake:
         folder = self._workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
         env = {**self._base_env, **visible_devices(self._offer.gpus, job.gpus)}
         if log.isEnabledFor(logging.INFO):  # a busy worker logs at WARNING: spare the join
-            log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
+            log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, shlex.join(spec.command))
         return JobRunner(job, spec, files, self._launch(job, spec), self._context, folder, env)
 
     def _launch(self, job: Claim, spec: JobSpec) -> Launch:
