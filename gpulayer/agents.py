@@ -28,14 +28,15 @@ from pydantic import WithJsonSchema
 from redis.exceptions import RedisError
 
 from . import __version__
-from .client import WORKER_JOIN_GRACE, Client, Job
+from .client import Client
 from .errors import GpulayerError, WaitTimeout
 from .inventory import known
+from .job import WORKER_JOIN_GRACE, Job
 from .models import JobRecord, JobState, LogLine, validated
 from .options import SubmitOptions
 from .placement import Plan
+from .redis_failures import redis_failure
 from .requirements import Requirements
-from .store.connection import redis_failure
 from .unpacking import extract
 
 #: The longest one wait_for_job call waits (s), whatever the agent asks.

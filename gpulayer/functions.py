@@ -20,8 +20,9 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from typing_extensions import Unpack
 
 from .calls import Call
-from .client import Client, Job
+from .client import Client
 from .errors import InvalidJobSpec
+from .job import Job
 from .models import JobRecord, LogLine, validated
 from .options import CallKeywords, CallOptions
 from .requirements import Requirements

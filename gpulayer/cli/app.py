@@ -21,8 +21,8 @@ from ..client import Client
 from ..errors import GpulayerError, InvalidJobSpec
 from ..models import AccessRole, JobRecord, JobState
 from ..network import redact
+from ..redis_failures import redis_failure
 from ..settings import Settings
-from ..store.connection import redis_failure
 from ..units import parse_duration
 from .flags import said_in_flags
 

@@ -15,8 +15,8 @@ from typing import Any, NoReturn
 
 import click
 
-from ..client import WORKER_JOIN_GRACE, Job
 from ..errors import GpulayerError, Unschedulable, WaitTimeout
+from ..job import WORKER_JOIN_GRACE, Job
 from ..models import JobRecord, JobState, JobUsage, LogLine
 from ..options import SubmitOptions
 from ..units import format_size

@@ -7,12 +7,11 @@ from urllib.parse import urlsplit
 
 from redis import Redis
 from redis.backoff import ExponentialBackoff, NoBackoff
-from redis.exceptions import ConnectionError, RedisError, ResponseError, TimeoutError
+from redis.exceptions import ConnectionError, ResponseError, TimeoutError
 from redis.retry import Retry
 from redis.sentinel import MasterNotFoundError, Sentinel
 
 from .. import sentinel
-from ..errors import GpulayerError, RedisUnavailable
 from ..settings import check_redis_url
 
 #: The first wait (s) before a worker or client tries a Redis it lost again, doubling after each
@@ -27,14 +26,6 @@ FAILOVER_WAIT = 40.0
 #: Longest single block on Redis (ms) while waiting for a job or its logs; waits loop, so a
 #: dropped connection is noticed within this time. Stays well under the socket timeout.
 BLOCK_MS = 5000
-
-
-def redis_failure(error: RedisError, url: str | None = None) -> GpulayerError:
-    """What a Redis failure means to the one who asked, in one line: Redis out of reach (at ``url``,
-    where the caller knows it), or a request it refused. Each front end (the CLI, MCP) says it so."""
-    if isinstance(error, (ConnectionError, TimeoutError)):
-        return RedisUnavailable(f"cannot reach Redis{f' at {url}' if url else ''}: {error}")
-    return GpulayerError(f"Redis refused the request: {error}")
 
 
 class NoSentinelAnswered(MasterNotFoundError):

@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from werkzeug.datastructures import FileStorage
 
 from ..archive import SPOOL_BYTES
-from ..client import Job
 from ..errors import ArchiveError, JobNotFinished, OutputNotProduced, UntrustedPayload
+from ..job import Job
 from ..models import JobState, Role, plain_name, validation_message
 from ..options import SubmitOptions
 from ..requirements import Requirements
