@@ -102,7 +102,10 @@ class DockerProvider(Provider):
             raise
 
     def status(self, name: str) -> MachineStatus:
-        found = self._docker(["inspect", "--format", "{{json .State}}", container(name)], missing_ok=True)
+        found = self._docker(
+            ["inspect", "--type", "container", "--format", "{{json .State}}", container(name)],
+            missing_ok=True,
+        )
         if found is None:
             return MachineStatus("gone")
         try:
