@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ import redis
 from gpulayer import Client, JobState, Settings
 from gpulayer import access as accesses
 from gpulayer.network import free_port
+from gpulayer.provisioned import Decision, Machine
 from gpulayer.service import Service
 from tests.conftest import Hub, Workers, wait_for
 
@@ -292,6 +294,51 @@ def test_the_workers_page_shows_the_worker_its_simulated_gpus_and_its_telemetry(
     # Telemetry came: the CPU sparkline has a line.
     expect(card.locator("[data-testid=cpu-spark] path.line")).to_have_count(1)
     shot()
+
+
+def test_the_workers_page_lists_the_machines_the_autoscaler_started_and_a_job_says_its_decision(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    # What an autoscaler records (docs/capacity.md), written as it would: none runs in this stack.
+    store = stack.client.stores.capacity
+    now = datetime.now(timezone.utc)
+    offer: dict[str, object] = {"name": "h100x4", "accelerator": "cuda", "gpus": 4}
+    machine = Machine(
+        name="aws-h100x4-3fa2c1", provider="aws", kind="h100x4", offer=offer, state="running",
+        created=now - timedelta(minutes=30), price_per_hour=12.0, gpus=4,
+    )  # fmt: skip
+    gone = machine.model_copy(
+        update={
+            "name": "aws-h100x4-9c01d2",
+            "state": "failed",
+            "price_per_hour": None,
+            "reason": "its worker did not join",
+        }
+    )
+    store.put(machine)
+    store.put(gone)
+    waiting = stack.client.submit(["true"], name="waits-for-h100s", labels={"zone": "mars"})
+    said = "starting a worker of kind h100x4 on provider aws (est. 2 min)"
+    queue = stack.client.keys.queue_for(waiting.status().spec.queue)
+    store.decide({queue: Decision(text=said, at=now, machines=[machine.name])})
+    try:
+        log_in(page, stack.tokens["viewer"])
+        page.get_by_test_id("nav-workers").click()
+        row = page.get_by_test_id("machine-row").filter(has_text=machine.name)
+        expect(row.get_by_test_id("machine-state")).to_have_text("running")
+        expect(row).to_contain_text("h100x4")
+        expect(row.get_by_test_id("machine-cost")).to_have_text(re.compile(r"^\$6\.0\d$"))  # 30 min at $12
+        failed = page.get_by_test_id("machine-row").filter(has_text=gone.name)
+        expect(failed.get_by_test_id("machine-reason")).to_have_text("its worker did not join")
+        expect(failed.get_by_test_id("machine-cost")).to_have_text("—")
+        shot("workers")
+        page.goto(f"/#/jobs/{waiting.id}")
+        expect(page.get_by_test_id("capacity-decision")).to_have_text(f"Autoscaler: {said}")
+        shot("job")
+    finally:
+        waiting.cancel()
+        store.forget([machine.name, gone.name])
+        store.decide({})
 
 
 def test_a_viewer_is_offered_no_submit_form_and_no_cancel_button(

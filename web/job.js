@@ -154,14 +154,16 @@ function section(title, body, testid) {
   return h("section", { class: "card", testid }, h("header", {}, h("h2", {}, title)), body);
 }
 
-/** Why each worker is not running a queued job. */
+/** Why each worker is not running a queued job, and what the autoscaler decided for it. */
 function reasons(job) {
   if (job.state !== "queued") return null;
   const rows = (job.reasons || []).map((r) =>
     h("tr", { testid: "reason-row" }, h("td", { class: "mono" }, r.worker || h("span", { class: "faint" }, "—")), h("td", {}, r.reason)),
   );
   const body = rows.length ? table(["Worker", "Why not here"], rows) : empty("Waiting for a free worker");
-  return section("Why it waits", body, "placement-reasons");
+  // What the autoscaler decided for it (docs/capacity.md): a machine starting for it, or why none.
+  const capacity = job.capacity ? h("p", { class: "capacity", testid: "capacity-decision" }, h("b", {}, "Autoscaler: "), job.capacity) : null;
+  return section("Why it waits", h("div", {}, body, capacity), "placement-reasons");
 }
 
 function parts(job) {
