@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .client import Client, Job
+from .client import Client
 from .distributed import DistributedJob
 from .errors import (
     ArchiveError,
@@ -61,6 +61,7 @@ from .errors import (
 )
 from .functions import FunctionHandle, RemoteFunction, connect, remote
 from .inventory import GPU, Resources, WorkerInfo
+from .job import Job
 from .models import (
     Attempt,
     Distributed,

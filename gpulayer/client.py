@@ -3,72 +3,55 @@ sessions and monitoring through :class:`gpulayer.service.Service`, over the same
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import hashlib
 import itertools
 import json
 import os
 import secrets
-import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
-from . import archive, placement, presigned, private, submits
+from . import archive, placement, private, submits
 from .access import Access
 from .archive_server import ArchiveServer
 from .calls import Call, Calls
 from .errors import (
     ArtifactTooLarge,
-    GpulayerError,
     InvalidJobSpec,
-    JobNotFinished,
     JobNotFound,
-    OutputNotProduced,
     Unschedulable,
     WaitTimeout,
     WorkerNotFound,
 )
-from .home import private_folder
 from .inventory import WorkerInfo
+from .job import Job
 from .models import (
     JobRecord,
     JobSpec,
     JobState,
-    LogLine,
     validated,
 )
 from .network import redact
 from .object_store import ObjectStore
 from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
-from .provisioned import GANG, Decision, Machine
-from .pulls import Progress, Pull
+from .provisioned import Machine
 from .requirements import Requirements
 from .served_inputs import ServedInputs, packed
 from .settings import Settings
-from .store.artifacts import (
-    INPUTS_ARCHIVE,
-    OUTPUTS_ARCHIVE,
-    SOURCE_ARCHIVE,
-    HeldArchive,
-    MissingArtifact,
-)
+from .store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE, HeldArchive
 from .store.connection import BLOCK_MS, connect
-from .store.jobs import new_job_id, under_new_ids
+from .store.jobs import Collected, new_job_id, under_new_ids
 from .store.readahead import ReadAhead
 from .store.sender import Sender
 from .store.stores import Stores
 from .units import format_size
-from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
 
@@ -82,8 +65,6 @@ class Away:
     outputs: ObjectStore | None = None
 
 
-#: Where, in a client's home, outputs a worker keeps are pulled to (and resumed from).
-DOWNLOADS = "downloads"
 #: The longest (ms) a wait on many jobs blocks on the first :data:`_FIRST` of them at a time.
 _TURN = 50
 _FIRST = 64
@@ -361,10 +342,13 @@ class Client:
         *,
         ordered: bool = True,
         max_in_flight: int | None = None,
+        return_exceptions: bool = False,
     ) -> Iterator[Any]:
         """Submit the calls and yield their values (see :meth:`gpulayer.RemoteFunction.map`)."""
         self.flush()
-        return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
+        return self._calls.map(
+            function, calls, options or CallOptions(), ordered, max_in_flight, return_exceptions
+        )
 
     def function_result(
         self, job_id: str, timeout: float | None = None, *, allow_pickle: bool | None = None
@@ -447,6 +431,15 @@ class Client:
         self.flush()
         return self.stores.jobs.counts()
 
+    def collect(self, older_than: float | None = None, *, dry_run: bool = False) -> Collected:
+        """End now what retention would end later: every job that ended ``older_than`` seconds ago or
+        earlier (default: this client's retention, ``GPULAYER_RETENTION_SECONDS``) goes, with its logs
+        and outputs; returns what was freed (``dry_run``: what would be, deleting nothing)."""
+        self.flush()
+        return self.stores.jobs.collect(
+            self.settings.retention_seconds if older_than is None else older_than, dry_run
+        )
+
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self.stores.workers.list()
@@ -471,180 +464,6 @@ class Client:
         nothing is submitted. Takes a :class:`Requirements` or its fields; ``nodes``: for a gang job
         with that many nodes."""
         return placement.plan(requirements or validated(Requirements, fields), self.workers(), nodes)
-
-
-class Job:
-    """A handle on one job. Cheap to make; every method asks Redis afresh."""
-
-    def __init__(self, client: Client, job_id: str) -> None:
-        self.client = client
-        self.id = job_id
-
-    def __repr__(self) -> str:
-        return f"Job({self.id!r})"
-
-    def status(self) -> JobRecord:
-        self.client.flush()
-        record = self.client.stores.jobs.get(self.id)
-        if record is None:
-            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
-        return record
-
-    def wait(self, timeout: float | None = None) -> JobRecord:
-        """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
-        return self.client._wait(self.id, timeout)
-
-    def logs(self, follow: bool = False, rank: int | None = None) -> Iterator[LogLine]:
-        """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends.
-        ``rank``: of a gang job, only the lines that rank printed."""
-        self.status()
-        lines = self.client.stores.logs.lines(self.id, follow=follow)
-        return lines if rank is None else (line for line in lines if line.rank == rank)
-
-    def log_page(self, after: str = "0-0", limit: int = 1000) -> list[tuple[str, LogLine]]:
-        """Up to ``limit`` stored lines after the line with id ``after`` (``0-0``: from the first),
-        each with its id: the cursor of the next page."""
-        self.status()
-        return self.client.stores.logs.page(self.id, after, limit)
-
-    def log_tail(self, count: int = 50) -> list[tuple[str, LogLine]]:
-        """The last ``count`` stored lines, oldest first, each with its id."""
-        self.status()
-        return self.client.stores.logs.tail(self.id, count)
-
-    def why(self) -> Plan:
-        """For a queued job: where it would start now, or why each worker cannot run it; and what the
-        autoscaler decided for it, where one runs."""
-        spec = self.status().spec
-        plan = self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
-        decision = self._capacity(spec)
-        return plan.model_copy(update={"capacity": decision.text}) if decision else plan
-
-    def capacity(self) -> Decision | None:
-        """What the autoscaler last decided for this queued job, if one runs and it needs a machine."""
-        return self._capacity(self.status().spec)
-
-    def _capacity(self, spec: JobSpec) -> Decision | None:
-        gang = spec.distributed is not None and spec.distributed.nodes > 1
-        return self.client.stores.capacity.decision(
-            f"{GANG}{self.id}" if gang else self.client.keys.queue_for(spec.queue)
-        )
-
-    @contextlib.contextmanager
-    def saying_why_queued(self, after: float, say: Callable[[str], None]) -> Iterator[None]:
-        """While the block runs (a wait): if the job is still queued ``after`` seconds in, ``say`` a line
-        saying so and each line of :meth:`why`, once. A caller that waits would otherwise see nothing
-        of a job no connected worker can start yet."""
-
-        def hint() -> None:
-            try:
-                if self.status().state is JobState.QUEUED:
-                    for line in [f"job {self.id} is still queued:", *self.why().lines()]:
-                        say(line)
-            except (GpulayerError, RedisError):
-                pass  # a hint only: the wait itself reports what went wrong
-
-        timer = threading.Timer(after, hint)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-
-    def cancel(self) -> bool:
-        """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about
-        a second. Returns False, changing nothing, if the job had already ended."""
-        self.client.flush()
-        outcome = self.client.stores.jobs.cancel(self.id)
-        if outcome == "missing":
-            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
-        return outcome in ("cancelled", "requested")
-
-    @property
-    def serves_inputs(self) -> bool:
-        """Whether this client serves the job's inputs (too large for Redis) to its worker."""
-        return self.id in self.client._serving
-
-    def serve_inputs(self, timeout: float | None = None) -> None:
-        """Keep serving the job's inputs too large for Redis (over ``redis_outputs_max_bytes``), which
-        this client submitted and serves, until the job no longer waits for them (a worker pulled
-        them and runs it, or it ended), or ``timeout`` seconds; at once if it serves none. A client
-        that stops before then leaves the job to fail, saying its submitter is gone."""
-        server = self.client._serving.get(self.id)
-        if server is not None:
-            server.join(timeout)
-
-    def outputs_archive(self, dest: IO[bytes], progress: Progress | None = None) -> None:
-        """Write the job's outputs, as the gzip-compressed tar archive its worker stored, to ``dest``,
-        and check that the worker that ran the attempt which made it signed it: :class:`UntrustedPayload`
-        if not (what ``dest`` got must then be thrown away); :class:`OutputNotProduced` if it stored
-        none (or they expired); :class:`OutputsUnavailable` if they are kept on a worker that is gone.
-        ``progress``: called with the bytes so far and in all as outputs a worker keeps come."""
-        with self._outputs(self.status(), f"job {self.id} has no stored outputs", progress) as archive:
-            shutil.copyfileobj(archive, dest)
-
-    @contextlib.contextmanager
-    def _outputs(self, record: JobRecord, missing: str, progress: Progress | None) -> Iterator[IO[bytes]]:
-        """The job's outputs archive, checked, open at its start: read from Redis, or pulled from the
-        worker that keeps it into the client's downloads folder (resumed there, removed once read),
-        or read from the object store through the URL its submitter made."""
-        stores = self.client.stores
-        held = stores.artifacts.held_outputs(self.id, OUTPUTS_ARCHIVE)
-        if held is None:
-            with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
-                try:
-                    sha256, seal = stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, file)
-                except MissingArtifact:
-                    raise OutputNotProduced(missing) from None
-                stores.registry.check_archive(record, OUTPUTS_ARCHIVE, sha256, seal)
-                file.seek(0)
-                yield file
-            return
-        sender = stores.registry.check_archive(record, OUTPUTS_ARCHIVE, held.sha256, held.seal)
-        downloads = private_folder(self.client.settings.home / DOWNLOADS)
-        named = hashlib.sha256(self.id.encode()).hexdigest()[:16]
-        partial = downloads / f"{named}-{held.sha256[:16]}.part"
-        if held.url is not None:  # in the object store, read whole (no resume)
-            presigned.fetch(held.url, partial, held.size, held.sha256)
-        else:
-            Pull(stores.transfers, sender, self.id, OUTPUTS_ARCHIVE, held, partial, progress).run()
-        with open(partial, "rb") as file:
-            yield file
-        partial.unlink(missing_ok=True)
-
-    def download_outputs(self, dest: PathLike, progress: Progress | None = None) -> list[Path]:
-        """Unpack the job's outputs into ``dest`` (made if missing), each at its path in the job's
-        folder (``results/a.csv`` lands in ``dest/results/a.csv``); returns the files written. Only
-        an archive signed by the worker that ran the job is unpacked (else :class:`UntrustedPayload`,
-        nothing written), and of it only what the job declared as outputs, inside ``dest``. Raises
-        :class:`ArchiveError`, having written nothing, if ``dest`` or a folder in it cannot take them,
-        and :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced.
-        Outputs too large for Redis come from the worker that keeps them (``progress`` is told how far
-        along), resuming a pull that stopped; :class:`OutputsUnavailable` if that worker is gone."""
-        record = self.status()
-        if not record.state.is_terminal:
-            raise JobNotFinished(f"job {self.id} is {record.state.value}; outputs are uploaded when it ends")
-        if not record.spec.outputs:
-            return []
-        if record.outputs is None:
-            reason = f": {record.reason}" if record.reason else ""
-            raise OutputNotProduced(
-                f"job {self.id} stored no outputs (it ended {record.state.value}{reason})"
-            )
-        # Made by the unpacking, once it found room for every file: an unwritable folder is one
-        # line, and nothing is half written.
-        with self._outputs(record, f"the outputs of job {self.id} have expired", progress) as file:
-            written = extract(
-                file,
-                Path(dest),
-                max_bytes=max(self.client.settings.max_job_bytes, record.outputs.bytes),
-                replace=True,
-                keep=archive.declared(record.spec.outputs),
-            )
-        if record.outputs.missing:
-            raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
-        return written
 
 
 def _block_ms(deadline: float | None, most: int) -> int | None:

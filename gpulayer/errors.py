@@ -64,6 +64,16 @@ class InvalidJobSpec(InvalidRequest):
     # As click's usage errors: the command line itself is wrong.
     exit_code = 2
 
+    def __init__(
+        self, message: str, field: str | None = None, problem: dict[str, object] | None = None
+    ) -> None:
+        super().__init__(message)
+        #: The option at fault, by its name in the model (``retry_delay``), where one field is, and
+        #: pydantic's report of what is wrong with it (``type``, ``msg``, ``ctx``): what the CLI says
+        #: in its flags' terms (``--retry-delay: at most 1h``).
+        self.field = field
+        self.problem = problem
+
 
 class SourceError(InvalidRequest):
     """The source folder is missing, unreadable, or larger than the cap."""

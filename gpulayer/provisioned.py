@@ -44,11 +44,15 @@ class Machine(BaseModel):
     def live(self) -> bool:
         return self.state in LIVE
 
+    def age(self, now: datetime) -> float:
+        """How long (s) it has been up, or was until it ended."""
+        return ((self.ended or now) - self.created).total_seconds()
+
     def cost(self, now: datetime) -> float | None:
         """What it has cost so far, where its price is known."""
         if self.price_per_hour is None:
             return None
-        return self.price_per_hour * ((self.ended or now) - self.created).total_seconds() / 3600
+        return self.price_per_hour * self.age(now) / 3600
 
 
 class Decision(BaseModel):

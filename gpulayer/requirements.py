@@ -22,7 +22,7 @@ from typing_extensions import TypedDict
 from .machines import this_machine
 from .units import parse_size
 
-Accelerator = Literal["cpu", "cuda", "mps", "any"]
+Accelerator = Literal["cpu", "cuda", "rocm", "mps", "any"]
 #: Where a job may run: on a worker of its submitter's machine, on one of another machine, or either.
 Target = Literal["local", "remote", "any"]
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
@@ -63,9 +63,9 @@ class Requirements(BaseModel):
         data = {key: value for key, value in data.items() if value is not None}
         asks_for_gpu = bool(data.get("gpus")) or "gpu_memory" in data or "gpu_name" in data
         accelerator = data.get("accelerator", "any" if asks_for_gpu else "cpu")
-        gpus = data.get("gpus", 1 if asks_for_gpu or accelerator in ("cuda", "mps") else 0)
+        gpus = data.get("gpus", 1 if asks_for_gpu or accelerator in ("cuda", "rocm", "mps") else 0)
         if accelerator == "cpu" and (gpus or "gpu_memory" in data or "gpu_name" in data):
-            raise ValueError("a cpu job cannot ask for GPUs; use --accelerator cuda, mps or any")
+            raise ValueError("a cpu job cannot ask for GPUs; use --accelerator cuda, rocm, mps or any")
         if not gpus and ("gpu_memory" in data or "gpu_name" in data):
             raise ValueError("a GPU memory or name needs at least one GPU (--gpus)")
         if gpus == 0 and accelerator == "any":

@@ -33,6 +33,15 @@ def parse_duration(text: str | float) -> float:
     return float(number) * _SECONDS[unit.lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """``"1h"``, ``"90s"``, ``"1.5d"``: in the largest unit of at least one, as :func:`parse_duration`
+    reads it."""
+    for unit in ("d", "h", "m"):
+        if seconds >= _SECONDS[unit]:
+            return f"{seconds / _SECONDS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def format_size(size: int) -> str:
     """``"3.2 MiB"``: binary units, one decimal."""
     if size < 1024:

@@ -63,8 +63,12 @@ class Running:
         self.access = enrol(installation, "capacity", "autoscaler")
 
     def start(self, provider: dict[str, Any] | None = None, **settings: Any) -> Autoscaler:
-        options = {"type": "simulated", "kinds": KINDS, "folder": str(self.folder), **(provider or {})}
-        options.setdefault("env", {"GPULAYER_KILL_GRACE_SECONDS": "2"})
+        """An autoscaler of one provider, ``sim``: simulated, or of the ``type`` ``provider`` names."""
+        provider = provider or {}
+        options: dict[str, Any] = {"kinds": KINDS, **provider}
+        if provider.get("type", "simulated") == "simulated":
+            options = {"type": "simulated", "folder": str(self.folder), **options}
+            options.setdefault("env", {"GPULAYER_KILL_GRACE_SECONDS": "2"})
         config = CapacityConfig.model_validate(
             {"idle_timeout": 1, "join_timeout": 30, "interval": 0.1, "lead_ttl": 2, **settings}
             | {"providers": {"sim": options}}

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import json
 from collections.abc import Mapping
 from importlib.metadata import entry_points
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ..errors import ConfigError
 from ..inventory import GPU, WorkerInfo
+from ..models import validation_message
 from ..units import parse_size
 
 #: The entry point group providers register under, by the name an operator's configuration gives.
@@ -59,6 +61,13 @@ class MachineKind(BaseModel):
     @classmethod
     def _size(cls, value: Any) -> Any:
         return parse_size(value) if isinstance(value, str) else value
+
+    def fake_gpus(self) -> str | None:
+        """Its GPUs as a worker simulates them (``GPULAYER_FAKE_GPUS``, ``--fake-gpus``); None for a
+        kind without CUDA GPUs."""
+        if not self.gpus or self.accelerator != "cuda":
+            return None
+        return json.dumps([{"name": self.gpu_model or self.name, "memory": self.gpu_memory}] * self.gpus)
 
     def offer(self, worker: str = "") -> WorkerInfo:
         """What a worker on such a machine would offer: placement's own input, so a job is matched
@@ -123,6 +132,18 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     def stop(self, name: str) -> None:
         """Stop the machine ``name`` and free what it holds; nothing if it is gone already."""
+
+
+Options = TypeVar("Options", bound=BaseModel)
+
+
+def parse_options(provider: str, model: type[Options], options: Mapping[str, Any]) -> Options:
+    """A provider's section of the configuration, checked by its own model; :class:`ProviderError`
+    saying what is wrong."""
+    try:
+        return model.model_validate(options)
+    except ValidationError as exc:
+        raise ProviderError(f"provider {provider}: {validation_message(exc)}") from None
 
 
 def load(name: str, options: Mapping[str, Any]) -> Provider:

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from ..models import validation_message
 from ..settings import Settings
-from .provider import MachineKind, MachineStatus, Provider, ProviderError
+from .provider import MachineKind, MachineStatus, Provider, ProviderError, parse_options
 
 #: What a machine's worker must not inherit from the autoscaler: its credentials and settings.
 _NOT_INHERITED = ("GPULAYER_", "REDISCLI_AUTH")
@@ -48,10 +47,7 @@ class _Options(BaseModel):
 class SimulatedProvider(Provider):
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name, options)
-        try:
-            self.options = _Options.model_validate(options)
-        except ValidationError as exc:
-            raise ProviderError(f"provider {name}: {validation_message(exc)}") from None
+        self.options = parse_options(name, _Options, options)
         self.folder = self.options.folder or Settings.from_env().home / "capacity" / name
         self._children: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -73,9 +69,9 @@ class SimulatedProvider(Provider):
             command = ["sh", "-c", f'sleep {self.options.boot_delay:g}; exec "$@"', "boot", *command]
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
         env.update(self.options.env, GPULAYER_HOME=str(home))
-        if kind.gpus and kind.accelerator == "cuda":
-            gpus = [{"name": kind.gpu_model or kind.name, "memory": kind.gpu_memory}] * kind.gpus
-            env["GPULAYER_FAKE_GPUS"] = json.dumps(gpus)
+        gpus = kind.fake_gpus()
+        if gpus is not None:
+            env["GPULAYER_FAKE_GPUS"] = gpus
         with open(folder / "worker.log", "ab") as log:
             try:
                 process = subprocess.Popen(

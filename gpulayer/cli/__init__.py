@@ -4,7 +4,7 @@ from .access import access_group, connect
 from .agents import mcp
 from .app import main
 from .capacity import capacity
-from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
+from .jobs import cancel, gc, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
 from .profiles import profiles
 from .server import down, up
@@ -31,6 +31,7 @@ _COMMANDS = (
     wait,
     cancel,
     outputs,
+    gc,
     server,
     dashboard,
     token,

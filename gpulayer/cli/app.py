@@ -18,11 +18,13 @@ from pydantic import BaseModel
 from .. import __version__
 from .. import access as accesses
 from ..client import Client
-from ..errors import GpulayerError, RedisUnavailable
+from ..errors import GpulayerError, InvalidJobSpec
 from ..models import AccessRole, JobRecord, JobState
 from ..network import redact
+from ..redis_failures import redis_failure
 from ..settings import Settings
 from ..units import parse_duration
+from .flags import said_in_flags
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: Where a command keeps the (redacted) Redis URL it uses, for its error messages.
@@ -59,13 +61,13 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except InvalidJobSpec as exc:
+            raise CommandError(said_in_flags(exc) or str(exc), exc.exit_code) from None
         except GpulayerError as exc:
             raise CommandError(str(exc), exc.exit_code) from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            url = ctx.meta.get(URL_KEY, "the configured URL")
-            raise CommandError(f"cannot reach Redis at {url}: {exc}", RedisUnavailable.exit_code) from None
         except redis.exceptions.RedisError as exc:
-            raise CommandError(f"Redis refused the request: {exc}", GpulayerError.exit_code) from None
+            error = redis_failure(exc, ctx.meta.get(URL_KEY, "the configured URL"))
+            raise CommandError(str(error), error.exit_code) from None
 
 
 def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -99,11 +101,13 @@ def requirement_options(command: F) -> F:
     options = [
         click.option(
             "--accelerator",
-            type=click.Choice(["cpu", "cuda", "mps", "any"]),
+            type=click.Choice(["cpu", "cuda", "rocm", "mps", "any"]),
             help="The kind of device (default: cpu, or any when --gpus is given).",
         ),
         click.option(
-            "--gpus", type=click.IntRange(0, 64), help="GPUs the job needs (default 1 for cuda and mps)."
+            "--gpus",
+            type=click.IntRange(0, 64),
+            help="GPUs the job needs (default 1 for cuda, rocm and mps).",
         ),
         click.option(
             "--gpu-memory", metavar="SIZE", help="Memory each GPU must have, at least (24GB, 40GiB)."

@@ -91,7 +91,7 @@ def list_machines(as_json: bool = False, redis_url: str | None = None) -> None:
         return
     now = datetime.now(timezone.utc)
     for machine in found:
-        age = format_span(((machine.ended or now) - machine.created).total_seconds())
+        age = format_span(machine.age(now))
         cost = machine.cost(now)
         spent = f"${cost:.2f}" if cost is not None else "cost unknown"
         click.echo(f"{machine.name}  {machine.state}  {machine.kind} on {machine.provider}  {age}  {spent}")

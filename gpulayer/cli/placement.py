@@ -109,7 +109,7 @@ def detect_command(as_json: bool, fake_gpus: str | None) -> None:
         for gpu in found.gpus:
             click.echo(f"  {_gpu_line(gpu)}")
     else:
-        click.echo(f"gpus:       none ({found.nvml})")
+        click.echo(f"gpus:       none ({found.why_no_gpus})")
     frameworks = found.known_frameworks()
     click.echo("frameworks: " + (", ".join(f"{n} {v}" for n, v in frameworks.items()) or "none of note"))
 

@@ -151,7 +151,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         worker.address,
         worker.offer.slots,
         format_size(worker.offer.memory),
-        gpus or f"none ({found.nvml})",
+        gpus or f"none ({found.why_no_gpus})",
     )
     if worker.offer.containment and worker.offer.containment.startswith("none"):
         log.warning("containment: %s", worker.offer.containment)

@@ -43,6 +43,7 @@ from . import files, outages
 from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
+from .devices import devices_shown
 from .endings import Ending, StopReason
 from .env_builds import EnvironmentCache, Failed
 from .executor_pool import Executor, Key
@@ -265,7 +266,7 @@ class JobRunner:
             ATTEMPT_VARIABLE: attempt,
         }
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
-        devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
+        devices = set(devices_shown(self.base_env))
         if devices:
             self.context.functions.executors.evict(devices, Key.of(self.spec, self.base_env))
         call = None
