@@ -162,7 +162,6 @@ class Job:
             raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
         return outcome in ("cancelled", "requested")
 
-    @property
     def serves_inputs(self) -> bool:
         """Whether this client serves the job's inputs (too large for Redis) to its worker."""
         return self.id in self.client._serving

@@ -77,7 +77,7 @@ def stored_job(
     workers.start("w1", 1)
     client = storing_client(home, endpoint)
     job = client.submit(["python3", "-c", COPY], inputs=[path], outputs=["copy.bin"])
-    assert not job.serves_inputs
+    assert not job.serves_inputs()
     keys = Keys("gpulayer")
     record = json.loads(raw_redis.hget(keys.inputs(job.id), INPUTS_ARCHIVE) or b"")
     assert record["held"] == ""

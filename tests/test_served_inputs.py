@@ -53,7 +53,7 @@ def test_inputs_over_what_redis_holds_are_pulled_from_their_submitter_a_window_a
     client = serving_client(home)
     try:
         job = client.submit(["python3", "-c", DIGEST], inputs=[path])
-        assert job.serves_inputs
+        assert job.serves_inputs()
         # Redis holds their record, no byte of them.
         assert raw_redis.hkeys(keys.inputs(job.id)) == [INPUTS_ARCHIVE.encode()]
         record = json.loads(raw_redis.hget(keys.inputs(job.id), INPUTS_ARCHIVE) or b"")

@@ -121,7 +121,7 @@ def submit(
 
 def _serve_inputs(job: Job) -> None:
     """Serve the job's inputs too large for Redis until a worker has pulled them, saying so."""
-    if job.serves_inputs:
+    if job.serves_inputs():
         click.echo(
             f"serving job {job.id}'s inputs (too large for Redis) until a worker has pulled them: "
             "keep this running (stopped, the job fails)",

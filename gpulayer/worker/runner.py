@@ -44,7 +44,7 @@ from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
 from .devices import devices_shown
-from .endings import Ending, StopReason
+from .endings import Ending, StopReason, shell_code
 from .env_builds import EnvironmentCache, Failed
 from .executor_pool import Executor, Key
 from .folders import Folders
@@ -511,7 +511,7 @@ class JobRunner:
         self.used = self.box.usage()
 
     def outcome(self, returncode: int, outputs: OutputSummary | None, unkept: str | None) -> Ending:
-        code = _shell_code(returncode)
+        code = shell_code(returncode)
         if self._stop == "cancel":
             return Ending(JobState.CANCELLED, code, "cancelled", outputs)
         if self._stop == "timeout":
@@ -598,8 +598,3 @@ class JobRunner:
         return outages.through_outage(
             call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs
         )
-
-
-def _shell_code(returncode: int) -> int:
-    """Exit codes as a shell reports them: 128 + N for a process killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode

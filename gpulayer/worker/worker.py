@@ -106,8 +106,7 @@ class Worker(RQWorkerShim):
     ) -> None:
         self._stores = stores = Stores.open(connection, settings, keyring)
         self.keys = stores.keys
-        self._signer = keyring.result_signer(identity)
-        self._checker = keyring.checker()
+        self._signer, self._checker = keyring.result_signer(identity), keyring.checker()
         self.lease_ttl, self.heartbeat_interval = lease_timing(settings.lease_ttl, settings.heartbeat)
         self.settings, self.display_name = settings, name
         self._containment, self.offer = contain(settings, name, offer)
