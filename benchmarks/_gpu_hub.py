@@ -23,7 +23,8 @@ from _nvidia_smi import SmiGpu
 
 from gpulayer import access as accesses
 from gpulayer import home as local
-from gpulayer.client import Client, Job
+from gpulayer.client import Client
+from gpulayer.job import Job
 from gpulayer.models import JobRecord, JobState
 from gpulayer.network import free_port
 from gpulayer.settings import Settings

@@ -127,7 +127,7 @@ def gpulayer_side(url: str, home: Path, jobs: int, workers: int) -> dict[str, di
         if milestone > jobs:
             break
         queued, submit_ms = fill(lambda n: client.submit(["true"], **sets[n % len(sets)]), queued, milestone)
-        worker._served.update(worker.store.queue_registry())
+        worker._served.update(worker.store.queue_registry)
         spent = 0.0
         for _ in range(CLAIMS):
             started = time.perf_counter()

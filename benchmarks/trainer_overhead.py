@@ -6,7 +6,8 @@ an epoch), the same optimizer (Adam), on the CPU with one thread, in one process
 * plain: ``for x, y in loader: zero_grad; loss = mse(model(x), y); backward; step``, adding each
   detached loss to an epoch total (what logging the training loss does);
 * trainer: ``gl.torch.Trainer(max_epochs=...)`` fitting a Module whose ``training_step`` computes
-  the same loss and logs it (``self.log("train_loss", loss)``), with checkpointing and the
+  the same loss and logs its epoch mean (``self.log("train_loss", loss, on_step=False,
+  on_epoch=True)``: Lightning's default in ``training_step`` is per step), with checkpointing and the
   progress bar off; its per-epoch work (one metrics reduction, metrics.json and metrics.csv
   written) is included;
 * trainer, defaults: the same with a ``last.ckpt`` saved after every epoch and the progress line;
@@ -107,7 +108,7 @@ class Regression(gl.torch.Module):
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y)
-        self.log("train_loss", loss)
+        self.log("train_loss", loss, on_step=False, on_epoch=True)  # an epoch total, as the plain loop's
         return loss
 
     def configure_optimizers(self) -> gl.torch.Optimizers:

@@ -23,7 +23,7 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from .client import Client, Job
+from .client import Client
 from .distributed import DistributedJob
 from .errors import (
     ArchiveError,
@@ -39,9 +39,11 @@ from .errors import (
     JobNotFinished,
     JobNotFound,
     JobTimedOut,
+    NoInstallation,
     NotFound,
     NotReplicated,
     OutputNotProduced,
+    OutputsUnavailable,
     RedisUnavailable,
     RemoteError,
     ServerError,
@@ -59,6 +61,7 @@ from .errors import (
 )
 from .functions import FunctionHandle, RemoteFunction, connect, remote
 from .inventory import GPU, Resources, WorkerInfo
+from .job import Job
 from .models import (
     Attempt,
     Distributed,
@@ -119,10 +122,12 @@ __all__ = [
     "JobTimedOut",
     "JobUsage",
     "LogLine",
+    "NoInstallation",
     "NotFound",
     "NotReplicated",
     "OutputNotProduced",
     "OutputSummary",
+    "OutputsUnavailable",
     "Plan",
     "Reason",
     "RedisUnavailable",

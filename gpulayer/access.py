@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from . import home as local
 from . import sentinel
-from .errors import ConfigError
+from .errors import ConfigError, NoInstallation
 from .models import AccessRole, validation_message
 from .signing import Keyring
 
@@ -39,6 +39,7 @@ KEYS_OF: dict[AccessRole, tuple[str, ...]] = {
     "submitter": ("job_key", "job_verify", "identity_verify"),
     "worker": ("job_verify", "identity_verify"),
     "viewer": ("identity_verify",),
+    "capacity": (),
 }
 
 
@@ -121,7 +122,8 @@ def resolve(
 ) -> Access:
     """How to reach the installation: an access token in :data:`TOKEN_VARIABLE`, else the first of
     ``roles`` kept in ``home``. ``explicit_url`` (``--redis-url``, ``GPULAYER_REDIS_URL``) replaces its
-    URL, keeping its keys; with nothing kept, it is a bare URL with no keys."""
+    URL, keeping its keys; with nothing kept, it is a bare URL with no keys. With none of these,
+    :class:`NoInstallation`."""
     env = os.environ if environ is None else environ
     found: Access | None = None
     if env.get(TOKEN_VARIABLE):
@@ -139,7 +141,7 @@ def resolve(
                 f"this needs the {' or '.join(roles)} role's access; this machine holds only the "
                 f"{', '.join(held)} role's (`gpulayer access export ROLE` on the admin's machine makes one)"
             )
-        raise ConfigError(
+        raise NoInstallation(
             "no installation to talk to: run `gpulayer up`, join or connect with an access token, "
             "or pass --redis-url / set GPULAYER_REDIS_URL"
         )

@@ -25,12 +25,17 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 from pydantic import WithJsonSchema
+from redis.exceptions import RedisError
 
 from . import __version__
-from .client import Client, Job
+from .client import Client
 from .errors import GpulayerError, WaitTimeout
+from .inventory import known
+from .job import WORKER_JOIN_GRACE, Job
 from .models import JobRecord, JobState, LogLine, validated
 from .options import SubmitOptions
+from .placement import Plan
+from .redis_failures import redis_failure
 from .requirements import Requirements
 from .unpacking import extract
 
@@ -64,16 +69,23 @@ OptionsArgument = Annotated[
 
 
 def tool_errors(function: Callable[..., T]) -> Callable[..., T]:
-    """A GPUlayer error as a tool error of one line, with the CLI's exit status."""
+    """A GPUlayer error, or Redis's (out of reach, refusing), as a tool error of one line with the
+    CLI's exit status: the agent reads the cause, not "Error executing tool"."""
 
     @functools.wraps(function)
     def wrapped(*args: Any, **kwargs: Any) -> T:
         try:
             return function(*args, **kwargs)
         except GpulayerError as exc:
-            raise ToolError(f"{exc} (exit status {exc.exit_code})") from None
+            raise _tool_error(exc) from None
+        except RedisError as exc:
+            raise _tool_error(redis_failure(exc)) from None
 
     return wrapped
+
+
+def _tool_error(error: GpulayerError) -> ToolError:
+    return ToolError(f"{error} (exit status {error.exit_code})")
 
 
 def build(client: Client, *, read_only: bool = False, remote: bool = False) -> MCPServer:
@@ -99,8 +111,14 @@ def _read_tools(server: MCPServer, client: Client) -> None:
     @tool_errors
     def list_workers() -> dict[str, Any]:
         """The connected workers: each one's GPUs (model, memory, busy or free), CPU slots, memory,
-        labels and frameworks, and what its jobs hold now."""
-        return {"workers": [worker.model_dump(mode="json") for worker in client.workers()]}
+        labels, frameworks of note (torch, jax, ...: a job's ``frameworks`` may name any installed
+        package) and what its jobs hold now."""
+        return {
+            "workers": [
+                {**worker.model_dump(mode="json"), "frameworks": known(worker.frameworks)}
+                for worker in client.workers()
+            ]
+        }
 
     @server.tool(annotations=_READ)
     @tool_errors
@@ -153,13 +171,23 @@ def _read_tools(server: MCPServer, client: Client) -> None:
         return {"lines": lines, "truncated": truncated, "next_after": last}
 
     @server.tool(annotations=_READ)
-    async def wait_for_job(job_id: str, ctx: Context, timeout: float = 60, tail: int = 20) -> dict[str, Any]:
+    async def wait_for_job(
+        job_id: str, ctx: Context, timeout: float = 60, tail: int = 20, wait_for_capacity: bool = False
+    ) -> dict[str, Any]:
         """Wait for a job to end, at most ``timeout`` seconds (and at most 600), reporting progress
         meanwhile; then its state (``ended`` says whether it has), exit code, reason and the last
-        ``tail`` lines of its log. Other calls go on while it waits."""
+        ``tail`` lines of its log. Other calls go on while it waits. A queued job no connected worker
+        could ever run is answered at once with ``why`` (each worker's reason), unless
+        ``wait_for_capacity`` (wait for a worker that joins)."""
         job = client.get(job_id)
         limit = max(0.0, min(timeout, MAX_WAIT))
         started = time.monotonic()
+        if not wait_for_capacity:
+            grace = min(limit, WORKER_JOIN_GRACE)
+            plan = await anyio.to_thread.run_sync(tool_errors(job.unrunnable), grace)
+            if plan is not None:
+                record = await anyio.to_thread.run_sync(tool_errors(job.status))
+                return {**_summary(record), "ended": False, **_unrunnable(plan)}
         record = await anyio.to_thread.run_sync(tool_errors(job.status))
         while not record.state.is_terminal and time.monotonic() - started < limit:
             left = limit - (time.monotonic() - started)
@@ -187,7 +215,8 @@ def _write_tools(server: MCPServer, client: Client) -> None:
         ``options`` say (its environment, outputs: paths or globs kept when it ends, for
         download_outputs; retries; nodes for a gang job; ...). ``source``: a folder on this machine
         shipped as the job's working folder (minus .git, caches, what .gitignore ignores and
-        GPUlayer's own home); ``inputs``: files placed there. Returns its id and state. Paths are
+        GPUlayer's own home); ``inputs``: files placed there. Returns its id and state, and, when no
+        connected worker could ever run it (it stays queued), ``runnable: false`` and ``why``. Paths are
         read as this server's user, on its machine: it runs over stdio, on the user's own machine,
         for them (the server the HTTP API serves takes no path: only an archive)."""
         folder = _local(source) if source else None
@@ -229,7 +258,8 @@ def _remote_write_tools(server: MCPServer, client: Client) -> None:
         that has what ``requirements`` ask for (see plan_job), run as ``options`` say.
         ``source_archive``: the job's working folder as a tar archive (gzip or not), base64, checked
         and unpacked as POST /jobs does; ``options.outputs``: paths or globs kept when it ends (fetch
-        them from the HTTP API's /api/v1/jobs/{id}/outputs). Returns its id and state."""
+        them from the HTTP API's /api/v1/jobs/{id}/outputs). Returns its id and state (and ``why``
+        when no connected worker could ever run it)."""
         with tempfile.TemporaryDirectory(prefix="gpulayer-mcp-") as scratch:
             source = None
             if source_archive is not None:
@@ -256,7 +286,13 @@ def _submitted(
     """What both submit_job tools do, once their files are on this machine."""
     checked = validated(SubmitOptions, options or {})
     job = client.submit(command, source=source, inputs=inputs, requirements=requirements, options=checked)
-    return {"id": job.id, "state": job.status().state.value}
+    plan = job.unrunnable()
+    return {"id": job.id, "state": job.status().state.value, **(_unrunnable(plan) if plan else {})}
+
+
+def _unrunnable(plan: Plan) -> dict[str, Any]:
+    """What an answer adds for a queued job no connected worker could ever run: each worker's reason."""
+    return {"runnable": False, "why": [reason.model_dump() for reason in plan.reasons]}
 
 
 def _named(
@@ -283,12 +319,14 @@ def _named(
 
 
 def _waited(job: Job, seconds: float) -> JobRecord:
-    try:
-        return job.wait(timeout=seconds)
-    except WaitTimeout:
-        return job.status()
-    except GpulayerError as exc:
-        raise ToolError(f"{exc} (exit status {exc.exit_code})") from None
+    @tool_errors
+    def wait() -> JobRecord:
+        try:
+            return job.wait(timeout=seconds)
+        except WaitTimeout:
+            return job.status()
+
+    return wait()
 
 
 def _local(path: str) -> str:

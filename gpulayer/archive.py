@@ -17,7 +17,7 @@ from typing import IO
 
 import pathspec
 
-from .errors import ArtifactTooLarge, InputNotFound, SourceError
+from .errors import InputNotFound, SourceError
 from .models import OutputSummary
 from .units import format_size
 
@@ -223,13 +223,7 @@ def _matches(parts: Sequence[str], pattern: Sequence[str]) -> bool:
     return bool(parts) and fnmatch.fnmatchcase(parts[0], pattern[0]) and _matches(parts[1:], pattern[1:])
 
 
-def pack_outputs(workdir: Path, patterns: Iterable[str], dest: IO[bytes], max_bytes: int) -> OutputSummary:
-    manifest, missing = outputs_manifest(workdir, patterns)
-    if manifest.size > max_bytes:
-        raise ArtifactTooLarge(
-            f"outputs hold {format_size(manifest.size)}, above the {format_size(max_bytes)} per-job cap "
-            "(GPULAYER_MAX_JOB_BYTES on the worker)"
-        )
-    manifest.write(dest)
+def summarize(manifest: Manifest, missing: list[str]) -> OutputSummary:
+    """What outputs found: how many files, their size, the patterns that matched nothing."""
     files = sum(1 for path in manifest.members.values() if path.is_file())
     return OutputSummary(files=files, bytes=manifest.size, missing=missing)

@@ -109,9 +109,11 @@ class Calls:
         options: CallOptions,
         ordered: bool,
         max_in_flight: int | None,
+        return_exceptions: bool = False,
     ) -> Iterator[Any]:
         """Submit the first calls now, and return an iterator that submits the rest as earlier ones end
-        and yields each value (or raises each exception) in order, or as they end."""
+        and yields each value (or raises each exception, or yields it with ``return_exceptions``) in
+        order, or as they end."""
         if max_in_flight is not None and max_in_flight < 1:
             raise InvalidJobSpec("max_in_flight must be at least 1")
         run = _MapRun(
@@ -121,6 +123,7 @@ class Calls:
             iter(calls),
             max_in_flight or MAX_IN_FLIGHT,
             options.allow_pickle,
+            return_exceptions,
         )
         run.fill()
         return run.results(ordered)
@@ -300,9 +303,11 @@ class _MapRun:
         pending: Iterator[Call],
         window: int,
         allow_pickle: bool | None,
+        return_exceptions: bool,
     ) -> None:
         self._calls = calls
         self._allow_pickle = allow_pickle
+        self._return_exceptions = return_exceptions
         self._spec = spec
         self._function = function
         self._pending = pending
@@ -330,11 +335,11 @@ class _MapRun:
             while True:
                 if ordered:
                     while next_index in ended:
-                        yield self._calls.value(ended.pop(next_index), self._allow_pickle)
+                        yield self._value(ended.pop(next_index))
                         next_index += 1
                 else:
                     for index in list(ended):
-                        yield self._calls.value(ended.pop(index), self._allow_pickle)
+                        yield self._value(ended.pop(index))
                 self.fill()
                 if not self._waiting:
                     return
@@ -351,6 +356,15 @@ class _MapRun:
             # Left early (a break, an exception, Ctrl+C): the calls not yet finished are not wanted.
             if self._waiting:
                 self._calls._jobs.cancel_many(list(self._waiting))
+
+    def _value(self, ending: Ending) -> Any:
+        """The call's value; its exception too, in its place, when the map returns exceptions."""
+        try:
+            return self._calls.value(ending, self._allow_pickle)
+        except Exception as exc:
+            if not self._return_exceptions:
+                raise
+            return exc
 
     def _ended_unnoticed(self) -> list[str]:
         """Jobs that ended without their notice reaching the list (Redis lost it in a restart)."""

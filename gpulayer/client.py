@@ -3,65 +3,68 @@ sessions and monitoring through :class:`gpulayer.service.Service`, over the same
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import functools
 import itertools
 import json
 import os
 import secrets
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from redis.exceptions import RedisError
 from typing_extensions import Unpack
 
-from . import access as accesses
-from . import archive, placement, submits
+from . import archive, placement, private, submits
 from .access import Access
+from .archive_server import ArchiveServer
 from .calls import Call, Calls
 from .errors import (
     ArtifactTooLarge,
-    GpulayerError,
     InvalidJobSpec,
-    JobNotFinished,
     JobNotFound,
-    OutputNotProduced,
     Unschedulable,
     WaitTimeout,
     WorkerNotFound,
 )
 from .inventory import WorkerInfo
+from .job import Job
 from .models import (
     JobRecord,
     JobSpec,
     JobState,
-    LogLine,
     validated,
 )
 from .network import redact
+from .object_store import ObjectStore
 from .options import CallOptions, SubmitKeywords, SubmitOptions
 from .placement import Plan
+from .provisioned import Machine
 from .requirements import Requirements
+from .served_inputs import ServedInputs, packed
 from .settings import Settings
-from .store.artifacts import (
-    INPUTS_ARCHIVE,
-    OUTPUTS_ARCHIVE,
-    SOURCE_ARCHIVE,
-    MissingArtifact,
-)
+from .store.artifacts import INPUTS_ARCHIVE, OUTPUTS_ARCHIVE, SOURCE_ARCHIVE, HeldArchive
 from .store.connection import BLOCK_MS, connect
-from .store.jobs import new_job_id, under_new_ids
+from .store.jobs import Collected, new_job_id, under_new_ids
 from .store.readahead import ReadAhead
 from .store.sender import Sender
 from .store.stores import Stores
 from .units import format_size
-from .unpacking import extract
 
 PathLike = str | os.PathLike[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Away:
+    """Where a submit's files over what Redis holds go: its inputs served by this client or put in
+    the object store (None: into Redis); its outputs' URLs made by the object store ``outputs``."""
+
+    inputs: ServedInputs | ObjectStore | None = None
+    outputs: ObjectStore | None = None
+
+
 #: The longest (ms) a wait on many jobs blocks on the first :data:`_FIRST` of them at a time.
 _TURN = 50
 _FIRST = 64
@@ -77,7 +80,9 @@ class Client:
     ``access`` says how to reach it (its Redis user, CA and keys: see :mod:`gpulayer.access`); by
     default an access token in ``GPULAYER_ACCESS_TOKEN``, else the strongest role this machine holds
     (what `gpulayer up`, `join` or `connect` kept). ``redis_url`` (default ``GPULAYER_REDIS_URL``)
-    replaces its Redis URL. Nothing is sent to Redis until the first call.
+    replaces its Redis URL. Nothing is sent to Redis until the first call. Where none of these is
+    configured, the first client of a process starts a private installation for it, stopped when it
+    exits (:mod:`gpulayer.private`; ``GPULAYER_AUTOSTART=0`` turns that off).
 
     With ``background_submits``, :meth:`submit` of a job without files or an idempotency key returns
     before the job is in Redis: a thread sends the submits, many per round trip and under one
@@ -99,7 +104,7 @@ class Client:
         allow_pickle: bool = False,
     ) -> None:
         self.settings = settings or Settings.from_env()
-        self.access = access or accesses.resolve(redis_url or self.settings.redis_url, self.settings.home)
+        self.access = access or private.resolve(redis_url or self.settings.redis_url, self.settings)
         self.redis_url = self.access.redis_url
         self.redis = connect(self.redis_url, ca=self.access.ca)
         self.stores = Stores.open(self.redis, self.settings, self.access.keyring)
@@ -116,11 +121,17 @@ class Client:
             Sender(self.stores.jobs, SUBMIT_BATCH, 10 * SUBMIT_BATCH) if background_submits else None
         )
         self._ends = ReadAhead(self.stores.jobs)
+        #: What serves the inputs too large for Redis of the jobs this client submitted, by job id.
+        self._serving: dict[str, ArchiveServer] = {}
 
     def __repr__(self) -> str:
         return f"Client({redact(self.redis_url)!r})"
 
     def close(self) -> None:
+        """Stops what this client does in the background (submits, serving inputs: a job whose worker
+        has not pulled them yet fails) and closes its connection."""
+        for server in self._serving.values():
+            server.stop()
         try:
             if self._sender is not None:
                 self._sender.close()
@@ -155,7 +166,8 @@ class Client:
         ever run), and ``nodes``, ``procs_per_node``, ``launcher``, which make it a gang job
         (docs/distributed.md). What it needs is a :class:`Requirements` (``requirements``), or its
         fields as keywords (``accelerator``, ``gpus``, ``gpu_memory``, ``gpu_name``, ``frameworks``,
-        ``cpus``, ``memory``, ``labels``; sizes may be strings like ``"24GB"``). Either, not both.
+        ``cpus``, ``memory``, ``labels``, ``target``: a worker on this machine, another, or any; sizes
+        may be strings like ``"24GB"``). Either, not both.
 
         Everything is checked before anything is written; a submit that fails leaves nothing in Redis.
         """
@@ -181,7 +193,12 @@ class Client:
         )
         if options.fail_if_unschedulable:
             self._check_schedulable(spec)
-        total = input_files.size + (source_files.size if source_files else 0)
+        # Inputs over what Redis holds go to the object store, else are served by this client until a
+        # worker pulled them.
+        big = bool(spec.inputs) and input_files.size > self.settings.redis_outputs_max_bytes
+        store = ObjectStore.configured(self.settings) if big or spec.outputs else None
+        serve = big and store is None
+        total = (0 if big else input_files.size) + (source_files.size if source_files else 0)
         if total > self.settings.max_job_bytes:
             raise ArtifactTooLarge(
                 f"the job's source and inputs hold {format_size(total)}, above the "
@@ -189,15 +206,35 @@ class Client:
             )
         uploads = {SOURCE_ARCHIVE: source_files, INPUTS_ARCHIVE: input_files if spec.inputs else None}
         idempotency_key = options.idempotency_key
-        if self._sender is not None and not idempotency_key and all(m is None for m in uploads.values()):
+        if (
+            self._sender is not None
+            and not idempotency_key
+            and store is None
+            and all(m is None for m in uploads.values())
+        ):
             self.stores.jobs.dump(spec)  # its size checked now, not in the background
             job_id = new_job_id()
             self._sender.put(job_id, spec)
         else:
             self.flush()  # after the jobs submitted before it
-            [job_id] = under_new_ids(
-                1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key)}
+            retention = self.settings.retention_seconds
+            served = (
+                ServedInputs.pack(input_files, self.settings.home, self.stores.transfers, retention)
+                if serve
+                else None
             )
+            try:
+                away = Away(served or (store if big else None), store if spec.outputs else None)
+                [job_id] = under_new_ids(
+                    1, lambda ids: {0: self._submit_as(ids[0], spec, uploads, idempotency_key, away)}
+                )
+            except BaseException:
+                if served is not None:
+                    served.remove()
+                raise
+            if served is not None:
+                key = self.access.keyring.signer()
+                self._serving[job_id] = served.serve(self.stores, job_id, key, retention)
         self._ends.submitted((job_id,))
         return Job(self, job_id)
 
@@ -207,17 +244,27 @@ class Client:
         spec: JobSpec,
         uploads: dict[str, archive.Manifest | None],
         idempotency_key: str | None,
+        away: Away | None = None,
     ) -> str | None:
-        """Upload the archives and submit the job under ``job_id``: that id, an existing job's (the
-        idempotency key's), or None if the id was taken."""
-        staged = any(manifest is not None for manifest in uploads.values())
+        """Upload the archives (the inputs out of Redis where ``away`` says so: only their record)
+        and submit the job under ``job_id``: that id, an existing job's (the idempotency key's), or
+        None if the id was taken."""
+        away = away or Away()
+        staged = any(manifest is not None for manifest in uploads.values()) or away.outputs is not None
         upload = secrets.token_hex(4) if staged else ""
         try:
             files = {
                 name: self._upload(job_id, upload, name, manifest)
                 for name, manifest in uploads.items()
-                if manifest is not None
+                if manifest is not None and not (away.inputs is not None and name == INPUTS_ARCHIVE)
             }
+            if away.inputs is not None and (manifest := uploads[INPUTS_ARCHIVE]) is not None:
+                held = _put_away(job_id, manifest, away.inputs)
+                self.stores.artifacts.hold_inputs(job_id, upload, INPUTS_ARCHIVE, held)
+                files[INPUTS_ARCHIVE] = held.sha256
+            if away.outputs is not None:
+                urls = away.outputs.presign(job_id, OUTPUTS_ARCHIVE)
+                self.stores.artifacts.plan_outputs(job_id, upload, urls.put or "", urls.get)
             submitted = self.stores.jobs.submit(job_id, spec, upload, files, idempotency_key)
         except BaseException:
             if staged:
@@ -295,10 +342,13 @@ class Client:
         *,
         ordered: bool = True,
         max_in_flight: int | None = None,
+        return_exceptions: bool = False,
     ) -> Iterator[Any]:
         """Submit the calls and yield their values (see :meth:`gpulayer.RemoteFunction.map`)."""
         self.flush()
-        return self._calls.map(function, calls, options or CallOptions(), ordered, max_in_flight)
+        return self._calls.map(
+            function, calls, options or CallOptions(), ordered, max_in_flight, return_exceptions
+        )
 
     def function_result(
         self, job_id: str, timeout: float | None = None, *, allow_pickle: bool | None = None
@@ -381,9 +431,24 @@ class Client:
         self.flush()
         return self.stores.jobs.counts()
 
+    def collect(self, older_than: float | None = None, *, dry_run: bool = False) -> Collected:
+        """End now what retention would end later: every job that ended ``older_than`` seconds ago or
+        earlier (default: this client's retention, ``GPULAYER_RETENTION_SECONDS``) goes, with its logs
+        and outputs; returns what was freed (``dry_run``: what would be, deleting nothing)."""
+        self.flush()
+        return self.stores.jobs.collect(
+            self.settings.retention_seconds if older_than is None else older_than, dry_run
+        )
+
     def workers(self) -> list[WorkerInfo]:
         """The workers connected now, by name, with what their jobs hold."""
         return self.stores.workers.list()
+
+    def machines(self) -> list[Machine]:
+        """The machines the autoscaler started (docs/capacity.md), the newest first: those that run,
+        and those that stopped in the last day."""
+        found = self.stores.capacity.machines().values()
+        return sorted(found, key=lambda machine: machine.created, reverse=True)
 
     def stop_worker(self, name: str, *, requeue: bool = False) -> None:
         """Ask a worker to stop (RQ's shutdown command): it finishes its running jobs first, or with
@@ -401,130 +466,6 @@ class Client:
         return placement.plan(requirements or validated(Requirements, fields), self.workers(), nodes)
 
 
-class Job:
-    """A handle on one job. Cheap to make; every method asks Redis afresh."""
-
-    def __init__(self, client: Client, job_id: str) -> None:
-        self.client = client
-        self.id = job_id
-
-    def __repr__(self) -> str:
-        return f"Job({self.id!r})"
-
-    def status(self) -> JobRecord:
-        self.client.flush()
-        record = self.client.stores.jobs.get(self.id)
-        if record is None:
-            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
-        return record
-
-    def wait(self, timeout: float | None = None) -> JobRecord:
-        """Block until the job ends and return its record; :class:`WaitTimeout` after ``timeout`` seconds."""
-        return self.client._wait(self.id, timeout)
-
-    def logs(self, follow: bool = False, rank: int | None = None) -> Iterator[LogLine]:
-        """Its log lines so far; with ``follow``, then each new line as it comes, until the job ends.
-        ``rank``: of a gang job, only the lines that rank printed."""
-        self.status()
-        lines = self.client.stores.logs.lines(self.id, follow=follow)
-        return lines if rank is None else (line for line in lines if line.rank == rank)
-
-    def log_page(self, after: str = "0-0", limit: int = 1000) -> list[tuple[str, LogLine]]:
-        """Up to ``limit`` stored lines after the line with id ``after`` (``0-0``: from the first),
-        each with its id: the cursor of the next page."""
-        self.status()
-        return self.client.stores.logs.page(self.id, after, limit)
-
-    def log_tail(self, count: int = 50) -> list[tuple[str, LogLine]]:
-        """The last ``count`` stored lines, oldest first, each with its id."""
-        self.status()
-        return self.client.stores.logs.tail(self.id, count)
-
-    def why(self) -> Plan:
-        """For a queued job: where it would start now, or why each worker cannot run it."""
-        spec = self.status().spec
-        return self.client.plan(spec.requirements, nodes=spec.distributed.nodes if spec.distributed else 1)
-
-    @contextlib.contextmanager
-    def saying_why_queued(self, after: float, say: Callable[[str], None]) -> Iterator[None]:
-        """While the block runs (a wait): if the job is still queued ``after`` seconds in, ``say`` a line
-        saying so and each line of :meth:`why`, once. A caller that waits would otherwise see nothing
-        of a job no connected worker can start yet."""
-
-        def hint() -> None:
-            try:
-                if self.status().state is JobState.QUEUED:
-                    for line in [f"job {self.id} is still queued:", *self.why().lines()]:
-                        say(line)
-            except (GpulayerError, RedisError):
-                pass  # a hint only: the wait itself reports what went wrong
-
-        timer = threading.Timer(after, hint)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-
-    def cancel(self) -> bool:
-        """Cancel the job: a queued job ends at once; a running one is stopped by its worker within about
-        a second. Returns False, changing nothing, if the job had already ended."""
-        self.client.flush()
-        outcome = self.client.stores.jobs.cancel(self.id)
-        if outcome == "missing":
-            raise JobNotFound(f"no job {self.id!r} (never submitted, or past its retention)")
-        return outcome in ("cancelled", "requested")
-
-    def outputs_archive(self, dest: IO[bytes]) -> None:
-        """Write the job's outputs, as the gzip-compressed tar archive its worker stored, to ``dest``,
-        and check that the worker that ran the attempt which made it signed it: :class:`UntrustedPayload`
-        if not (what ``dest`` got must then be thrown away); :class:`OutputNotProduced` if it stored
-        none (or they expired)."""
-        self._signed_outputs(self.status(), dest, f"job {self.id} has no stored outputs")
-
-    def _signed_outputs(self, record: JobRecord, dest: IO[bytes], missing: str) -> None:
-        try:
-            sha256, seal = self.client.stores.artifacts.get_outputs(self.id, OUTPUTS_ARCHIVE, dest)
-        except MissingArtifact:
-            raise OutputNotProduced(missing) from None
-        self.client.stores.registry.check_archive(record, OUTPUTS_ARCHIVE, sha256, seal)
-
-    def download_outputs(self, dest: PathLike) -> list[Path]:
-        """Unpack the job's outputs into ``dest`` (made if missing), each at its path in the job's
-        folder (``results/a.csv`` lands in ``dest/results/a.csv``); returns the files written. Only
-        an archive signed by the worker that ran the job is unpacked (else :class:`UntrustedPayload`,
-        nothing written), and of it only what the job declared as outputs, inside ``dest``. Raises
-        :class:`ArchiveError`, having written nothing, if ``dest`` or a folder in it cannot take them,
-        and :class:`OutputNotProduced` (after writing the rest) if a declared output was not produced."""
-        record = self.status()
-        if not record.state.is_terminal:
-            raise JobNotFinished(f"job {self.id} is {record.state.value}; outputs are uploaded when it ends")
-        if not record.spec.outputs:
-            return []
-        if record.outputs is None:
-            reason = f": {record.reason}" if record.reason else ""
-            raise OutputNotProduced(
-                f"job {self.id} stored no outputs (it ended {record.state.value}{reason})"
-            )
-        folder = Path(dest)
-        # Made by the unpacking, once it found room for every file: an unwritable folder is one
-        # line, and nothing is half written.
-        with tempfile.SpooledTemporaryFile(archive.SPOOL_BYTES) as file:
-            self._signed_outputs(record, file, f"the outputs of job {self.id} have expired")
-            file.seek(0)
-            written = extract(
-                file,
-                folder,
-                max_bytes=self.client.settings.max_job_bytes,
-                replace=True,
-                keep=archive.declared(record.spec.outputs),
-            )
-        if record.outputs.missing:
-            raise OutputNotProduced("output not produced: " + ", ".join(record.outputs.missing))
-        return written
-
-
 def _block_ms(deadline: float | None, most: int) -> int | None:
     """How long (ms) a blocking read may wait: ``most``, or less before ``deadline`` (monotonic), at
     least 1; None once the deadline has passed."""
@@ -532,6 +473,17 @@ def _block_ms(deadline: float | None, most: int) -> int | None:
         return most
     left = deadline - time.monotonic()
     return max(1, min(most, int(left * 1000))) if left > 0 else None
+
+
+def _put_away(job_id: str, manifest: archive.Manifest, inputs: ServedInputs | ObjectStore) -> HeldArchive:
+    """Job ``job_id``'s inputs archive's record: served by this client, or put in the object store."""
+    if isinstance(inputs, ServedInputs):
+        return inputs.record
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / INPUTS_ARCHIVE
+        size, sha256 = packed(manifest, path)
+        urls = inputs.upload(job_id, INPUTS_ARCHIVE, path)
+    return HeldArchive("", size, sha256, None, manifest.size, urls.get)
 
 
 def _reasons_text(plan: Plan) -> str:

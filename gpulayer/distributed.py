@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .client import Client, Job
+from .client import Client
 from .functions import remote
+from .job import Job
 from .options import Launcher
 
 

@@ -26,8 +26,10 @@ HTTP API answers with; a subclass that says nothing has its group's. The tree::
     │   ├── RedisUnavailable    1   503  the Redis server cannot be reached
     │   ├── NotReplicated       1   503  a submit the master took, but fewer replicas had it in time
     │   ├── SubmitFailed        1   503  background submits that did not reach Redis: no such jobs
+    │   ├── OutputsUnavailable  1   503  the worker keeping a job's outputs is gone or does not answer
     │   └── WaitTimeout        75   503  a wait ended before the job did
     ├── ConfigError             1   500  no Redis URL known, a bad setting
+    │   └── NoInstallation      1   500  no installation is configured, and none was started
     ├── ServerError             1   500  the embedded Redis or a local worker failed to start or stop
     ├── UntrustedPayload        1   502  a job, file or result whose signature does not check
     │   └── UnsafePickle        1   502  a signed result whose pickle calls what is not data
@@ -61,6 +63,16 @@ class InvalidJobSpec(InvalidRequest):
 
     # As click's usage errors: the command line itself is wrong.
     exit_code = 2
+
+    def __init__(
+        self, message: str, field: str | None = None, problem: dict[str, object] | None = None
+    ) -> None:
+        super().__init__(message)
+        #: The option at fault, by its name in the model (``retry_delay``), where one field is, and
+        #: pydantic's report of what is wrong with it (``type``, ``msg``, ``ctx``): what the CLI says
+        #: in its flags' terms (``--retry-delay: at most 1h``).
+        self.field = field
+        self.problem = problem
 
 
 class SourceError(InvalidRequest):
@@ -149,6 +161,10 @@ class SubmitFailed(Unavailable):
         self.job_ids = job_ids
 
 
+class OutputsUnavailable(Unavailable):
+    """The worker that keeps a job's outputs (too large for Redis) is gone, or does not answer."""
+
+
 class WaitTimeout(Unavailable):
     """A wait ended before the job did."""
 
@@ -161,6 +177,10 @@ class ConfigError(GpulayerError):
 
     # The settings are the server's own: nothing the request could change.
     http_status = 500
+
+
+class NoInstallation(ConfigError):
+    """No installation is configured on this machine, and no private one was started."""
 
 
 class ServerError(GpulayerError):

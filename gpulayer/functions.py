@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from .client import Client, Job
+from .calls import Call
+from .client import Client
 from .errors import InvalidJobSpec
+from .job import Job
 from .models import JobRecord, LogLine, validated
 from .options import CallKeywords, CallOptions
 from .requirements import Requirements
@@ -114,34 +116,68 @@ class RemoteFunction(Generic[P, R]):
         [job] = client.submit_calls(self._function, [(args, kwargs)], self._call_options)
         return FunctionHandle(job, self._call_options.allow_pickle)
 
+    @overload
     def map(
-        self, iterable: Iterable[Any], *, ordered: bool = True, max_in_flight: int | None = None
-    ) -> Iterator[R]:
+        self,
+        iterable: Iterable[Any],
+        *,
+        ordered: bool = ...,
+        max_in_flight: int | None = ...,
+        return_exceptions: Literal[False] = ...,
+    ) -> Iterator[R]: ...
+
+    @overload
+    def map(
+        self,
+        iterable: Iterable[Any],
+        *,
+        ordered: bool = ...,
+        max_in_flight: int | None = ...,
+        return_exceptions: Literal[True],
+    ) -> Iterator[R | Exception]: ...
+
+    def map(
+        self,
+        iterable: Iterable[Any],
+        *,
+        ordered: bool = True,
+        max_in_flight: int | None = None,
+        return_exceptions: bool = False,
+    ) -> Iterator[Any]:
         """One call per item, submitted at once in batches (one round trip each), at most
         ``max_in_flight`` unfinished at a time (default 10,000). Yields each value in the order of
         ``iterable``, or as calls end with ``ordered=False``; a call's exception is raised when its
-        turn comes. Leaving the loop early cancels the calls not yet finished."""
-        return self._map((((item,), {}) for item in iterable), ordered, max_in_flight)
+        turn comes, or yielded in its place with ``return_exceptions=True``. Leaving the loop early
+        cancels the calls not yet finished."""
+        calls: Iterator[Call] = (((item,), {}) for item in iterable)
+        return self._map(calls, ordered, max_in_flight, return_exceptions)
 
     def starmap(
         self, iterable: Iterable[Iterable[Any]], *, ordered: bool = True, max_in_flight: int | None = None
     ) -> Iterator[R]:
         """Like :meth:`map`, each item being the positional arguments of one call."""
-        return self._map(((tuple(args), {}) for args in iterable), ordered, max_in_flight)
+        calls: Iterator[Call] = ((tuple(args), {}) for args in iterable)
+        values: Iterator[R] = self._map(calls, ordered, max_in_flight, return_exceptions=False)
+        return values
 
     def _client(self) -> Client:
         return self._bound or default_client()
 
     def _map(
         self,
-        calls: Iterator[tuple[tuple[Any, ...], dict[str, Any]]],
+        calls: Iterator[Call],
         ordered: bool,
         max_in_flight: int | None,
-    ) -> Iterator[R]:
-        values: Iterator[R] = self._client().map_calls(
-            self._function, calls, self._call_options, ordered=ordered, max_in_flight=max_in_flight
+        return_exceptions: bool,
+    ) -> Iterator[Any]:
+        return self._client().map_calls(
+            self._function,
+            calls,
+            self._call_options,
+            ordered=ordered,
+            max_in_flight=max_in_flight,
+            return_exceptions=return_exceptions,
         )
-        return values
 
 
 class RemoteKeywords(CallKeywords, total=False):

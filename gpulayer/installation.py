@@ -26,7 +26,7 @@ from . import sentinel
 from .access import KEYS_OF, Access
 from .errors import ConfigError
 from .models import AccessRole, Identity, IdentityRole, validation_message
-from .network import redact
+from .network import address_text, parse_address, redact
 from .signing import Keyring, SigningKey, sign_identity
 from .store import acl
 from .store.acl import ROLES, User, identity_user, password_hash, user_name
@@ -99,9 +99,11 @@ class Installation(BaseModel):
             if host is not None:
                 raise ConfigError("--host does not apply to a Sentinel URL: every machine asks its sentinels")
             return urlunsplit(parts._replace(netloc=netloc + parts.netloc))
-        where = host or parts.hostname or "127.0.0.1"
-        netloc += (f"[{where}]" if ":" in where else where) + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
+        where, port = parts.hostname or "127.0.0.1", parts.port
+        if host is not None:  # HOST keeps the endpoint's port; HOST:PORT and [v6]:PORT give their own
+            where, given = _host_option(host)
+            port = given or port
+        return urlunsplit(parts._replace(netloc=netloc + address_text(where, port)))
 
     def access(self, role: AccessRole, host: str | None = None) -> Access:
         """What a machine needs to act as a shared ``role``: its URL, the CA, and its keys only."""
@@ -206,9 +208,15 @@ def endpoint_of(redis_url: str) -> str:
         hosts = sentinel.hosts_text(found.sentinels)
         return f"{found.scheme}+sentinel://{hosts}/{quote(found.master, safe='')}"
     parts = urlsplit(redis_url)
-    host = parts.hostname or "127.0.0.1"
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=address_text(parts.hostname or "127.0.0.1", parts.port)))
+
+
+def _host_option(text: str) -> tuple[str, int | None]:
+    """``--host``'s HOST, HOST:PORT or [v6]:PORT, read; :class:`ConfigError` in one line if not one."""
+    try:
+        return parse_address(text)
+    except ValueError as exc:
+        raise ConfigError(f"--host: {exc}") from None
 
 
 def load(home: Path) -> Installation | None:

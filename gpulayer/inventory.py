@@ -29,11 +29,16 @@ KNOWN_FRAMEWORKS = (
 SILENT_BEATS = 3
 
 
+#: The kinds of device: NVIDIA's (CUDA), AMD's (ROCm), Apple Silicon's (Metal).
+GpuKind = Literal["cuda", "rocm", "mps"]
+
+
 class GPU(BaseModel):
-    """One accelerator device. ``index`` is nvidia-smi's numbering (PCI bus order) for CUDA."""
+    """One accelerator device. ``index`` is nvidia-smi's numbering (PCI bus order) for CUDA, and
+    amd-smi's for ROCm."""
 
     index: int
-    kind: Literal["cuda", "mps"]
+    kind: GpuKind
     name: str
     uuid: str
     pci_bus_id: str | None = None
@@ -57,6 +62,8 @@ class Resources(BaseModel):
     gpus: list[GPU] = Field(default_factory=list)
     #: How NVIDIA GPUs were looked for: ``ok``, or why there are none.
     nvml: str
+    #: How AMD GPUs were looked for (where there are no NVIDIA ones): ``ok``, or why there are none.
+    amd: str | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
     #: Every installed Python distribution (normalised name → version), as the worker's Python sees it.
@@ -64,6 +71,11 @@ class Resources(BaseModel):
 
     def known_frameworks(self) -> dict[str, str]:
         return known(self.frameworks)
+
+    @property
+    def why_no_gpus(self) -> str:
+        """Why none were found, in words: each kind looked for."""
+        return "; ".join(filter(None, [self.nvml, self.amd and f"AMD: {self.amd}"]))
 
 
 def known(frameworks: dict[str, str]) -> dict[str, str]:
@@ -85,6 +97,8 @@ class Offer(BaseModel):
     containment: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     frameworks: dict[str, str] = Field(default_factory=dict)
+    #: The machine it runs on (:func:`gpulayer.machines.this_machine`); None from a worker before 0.4.
+    machine: str | None = None
 
 
 class WorkerInfo(Offer):

@@ -32,9 +32,10 @@ M = TypeVar("M", bound=BaseModel)
 #: What an API token may do: everything; submit and cancel jobs (and read); read; read /metrics only.
 Role = Literal["admin", "submitter", "viewer", "metrics"]
 #: Whom a machine acts as towards Redis: its user there, and the keys it holds (docs/security.md).
-AccessRole = Literal["admin", "web", "submitter", "worker", "viewer"]
+#: ``capacity``: the autoscaler's (docs/capacity.md), an identity of its own only.
+AccessRole = Literal["admin", "web", "submitter", "worker", "viewer", "capacity"]
 #: The roles a machine's own identity may have (`gpulayer access add ROLE NAME`).
-IdentityRole = Literal["web", "submitter", "worker", "viewer"]
+IdentityRole = Literal["web", "submitter", "worker", "viewer", "capacity"]
 #: A job record larger than this is refused: by the client at submit, by a worker that finds one.
 MAX_SPEC_BYTES = 1024 * 1024
 #: Names a job's checkpoint folder to it: what it saves there is given back to its retries.
@@ -123,7 +124,7 @@ class Distributed(BaseModel):
         defaults to the GPUs per node of a job that asks for GPUs, else 1."""
         if not gang.is_gang:
             return None
-        gpus = requirements.gpus if requirements.accelerator in ("cuda", "any") else 0
+        gpus = requirements.gpus if requirements.accelerator in ("cuda", "rocm", "any") else 0
         fields = {
             "nodes": gang.nodes or 1,
             "procs_per_node": gang.procs_per_node or gpus or 1,
@@ -210,18 +211,26 @@ class QueueSpec(BaseModel):
 def validation_message(error: ValidationError) -> str:
     """One line from pydantic's report: the first problem, with where it is."""
     first = error.errors()[0]
-    # A requirement reads as its own name: "gpu_memory", not "requirements.gpu_memory".
-    where = ".".join(str(part) for part in first["loc"]).removeprefix("requirements.")
+    where = _where(first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
 
 
+def _where(loc: tuple[int | str, ...]) -> str:
+    # A requirement reads as its own name: "gpu_memory", not "requirements.gpu_memory".
+    return ".".join(str(part) for part in loc).removeprefix("requirements.")
+
+
 def validated(model: type[M], fields: Mapping[str, object]) -> M:
-    """``model`` built from ``fields``, or :class:`InvalidJobSpec` with a one-line reason."""
+    """``model`` built from ``fields``, or :class:`InvalidJobSpec` with a one-line reason (and the
+    field at fault, with pydantic's report of it, for a caller that names fields otherwise)."""
     try:
         return model.model_validate(fields)
     except ValidationError as exc:
-        raise InvalidJobSpec(f"invalid job: {validation_message(exc)}") from None
+        first = exc.errors()[0]
+        field = _where(first["loc"][:1] if first["loc"][:1] != ("requirements",) else first["loc"][:2])
+        problem: dict[str, object] = {"type": first["type"], "msg": first["msg"], "ctx": first.get("ctx", {})}
+        raise InvalidJobSpec(f"invalid job: {validation_message(exc)}", field or None, problem) from None
 
 
 #: Why a spec over :data:`MAX_SPEC_BYTES` is refused.
@@ -242,6 +251,9 @@ class OutputSummary(BaseModel):
     bytes: int = 0
     #: Declared patterns that matched nothing.
     missing: list[str] = Field(default_factory=list)
+    #: The worker that keeps them, when they were over what Redis holds (``redis_outputs_max_bytes``):
+    #: a download pulls them from it. None: they are in Redis.
+    held_by: str | None = None
 
 
 #: How an attempt ended: as a job ends; or ``lost`` (its worker stopped renewing its lease, or

@@ -106,6 +106,18 @@ def _sent_by_value(cls: type) -> bool:
     return cls.__module__ == "__main__" and lookup(module, cls.__qualname__) is not cls
 
 
+def exception_message(exc: BaseException) -> str:
+    """What ``exc`` says; its repr where that is empty (``raise ValueError()``), so a reason never
+    ends at its colon."""
+    text = str(exc)
+    return text if text.strip() else repr(exc)
+
+
+def described(exc: BaseException) -> str:
+    """``Type: message``, as a traceback's last line names an exception."""
+    return f"{type(exc).__name__}: {exception_message(exc)}"
+
+
 def dump_result(obj: Any) -> bytes:
     """What a call returned (or the exception it raised), pickled for the caller (:class:`_ResultPickler`)."""
     file = io.BytesIO()

@@ -38,7 +38,7 @@ class Fit:
 
 #: What a reason's code means. A worker can never run the job: ``no_workers``, ``no_gpu``,
 #: ``accelerator``, ``gpu_count``, ``gpu_memory``, ``gpu_name``, ``cpus``, ``memory``, ``framework``,
-#: ``label``; not now: ``gpus_busy``, ``cpus_busy``, ``memory_busy``; a gang job: ``gang``.
+#: ``label``, ``target``; not now: ``gpus_busy``, ``cpus_busy``, ``memory_busy``; a gang job: ``gang``.
 CODES = (
     "no_workers",
     "no_gpu",
@@ -50,6 +50,7 @@ CODES = (
     "memory",
     "framework",
     "label",
+    "target",
     "gpus_busy",
     "cpus_busy",
     "memory_busy",
@@ -80,6 +81,9 @@ class Plan(BaseModel):
     workers: list[str] = []
     #: The job's nodes: 1, or the distinct workers a gang job needs.
     nodes: int = 1
+    #: What the autoscaler last decided for it, where one runs (docs/capacity.md): ``starting a worker
+    #: of kind X on provider P (est. 2 min)``, ``no provider offers 8 H100s (largest: 4)``.
+    capacity: str | None = None
 
     def lines(self) -> list[str]:
         """The plan in words: where it would start, or a heading and one line per worker why not."""
@@ -93,10 +97,11 @@ class Plan(BaseModel):
             heading = f"no {self.nodes} connected workers could ever run this gang job together:"
         else:
             heading = "no connected worker could ever run this job:"
-        return [heading] + [
+        lines = [heading] + [
             f"  {reason.worker}: {reason.reason}" if reason.worker else f"  {reason.reason}"
             for reason in self.reasons
         ]
+        return lines + ([f"capacity: {self.capacity}"] if self.capacity else [])
 
 
 def eligible_gpus(requirements: Requirements, gpus: list[GPU]) -> list[GPU]:
@@ -161,7 +166,7 @@ def candidates(requirements: Requirements, workers: list[WorkerInfo]) -> list[Fi
 
 
 def _never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, str]]:
-    reasons = [*_gpu_never(requirements, worker.gpus)]
+    reasons = [*_target_never(requirements, worker), *_gpu_never(requirements, worker.gpus)]
     if requirements.cpus > worker.slots:
         reasons.append(("cpus", f"needs {requirements.cpus} CPU slots, has {worker.slots}"))
     if requirements.memory > worker.memory:
@@ -180,6 +185,19 @@ def _never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, st
         elif worker.labels[key] != value:
             reasons.append(("label", f"needs label {key}={value}, has {key}={worker.labels[key]}"))
     return reasons
+
+
+def _target_never(requirements: Requirements, worker: WorkerInfo) -> list[tuple[str, str]]:
+    """Why the worker is on the wrong machine for the job's target, if it is (or cannot say)."""
+    target = requirements.target
+    if target == "any":
+        return []
+    if worker.machine is None:
+        return [("target", f"target {target}: it does not say which machine it is on (an older worker)")]
+    if (worker.machine == requirements.machine) != (target == "local"):
+        where = "another machine than" if target == "local" else "the same machine as"
+        return [("target", f"target {target}: it is on {where} the submitter")]
+    return []
 
 
 def _satisfies(version: str, wanted: Requirement) -> bool:

@@ -1,7 +1,10 @@
-"""What a job needs from the machine that runs it, never which machine: :class:`Requirements`.
+"""What a job needs from the machine that runs it, and whether that machine is its submitter's:
+:class:`Requirements`, never a machine by name.
 
 Defaults are resolved on validation, so two ways of asking for the same thing give the same model,
-the same canonical form, and the same queue.
+the same canonical form, and the same queue. A job's target is placement too: a worker serves the
+queues of the jobs it could ever run (:mod:`gpulayer.worker.queues`), so a job for this machine
+only is in a queue that only this machine's workers serve.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict
 
+from .machines import this_machine
 from .units import parse_size
 
-Accelerator = Literal["cpu", "cuda", "mps", "any"]
+Accelerator = Literal["cpu", "cuda", "rocm", "mps", "any"]
+#: Where a job may run: on a worker of its submitter's machine, on one of another machine, or either.
+Target = Literal["local", "remote", "any"]
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
 
 
@@ -43,6 +49,11 @@ class Requirements(BaseModel):
     memory: int = Field(default=0, ge=0)
     #: Worker labels the job needs, each exactly.
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    #: ``local``: a worker on the submitter's machine; ``remote``: a worker on another; ``any``.
+    target: Target = "any"
+    #: The machine ``target`` is relative to (:func:`gpulayer.machines.this_machine`): set at submit
+    #: to the submitter's, for ``local`` and ``remote``.
+    machine: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
     @model_validator(mode="before")
     @classmethod
@@ -52,15 +63,20 @@ class Requirements(BaseModel):
         data = {key: value for key, value in data.items() if value is not None}
         asks_for_gpu = bool(data.get("gpus")) or "gpu_memory" in data or "gpu_name" in data
         accelerator = data.get("accelerator", "any" if asks_for_gpu else "cpu")
-        gpus = data.get("gpus", 1 if asks_for_gpu or accelerator in ("cuda", "mps") else 0)
+        gpus = data.get("gpus", 1 if asks_for_gpu or accelerator in ("cuda", "rocm", "mps") else 0)
         if accelerator == "cpu" and (gpus or "gpu_memory" in data or "gpu_name" in data):
-            raise ValueError("a cpu job cannot ask for GPUs; use --accelerator cuda, mps or any")
+            raise ValueError("a cpu job cannot ask for GPUs; use --accelerator cuda, rocm, mps or any")
         if not gpus and ("gpu_memory" in data or "gpu_name" in data):
             raise ValueError("a GPU memory or name needs at least one GPU (--gpus)")
         if gpus == 0 and accelerator == "any":
             accelerator = "cpu"
         data.update(accelerator=accelerator, gpus=gpus)
         data.setdefault("cpus", 0 if gpus else 1)
+        if data.get("target", "any") == "any":
+            if "machine" in data:
+                raise ValueError("a machine goes with target local or remote only")
+        else:
+            data.setdefault("machine", this_machine())
         return data
 
     @model_validator(mode="after")
@@ -129,6 +145,8 @@ class Requirements(BaseModel):
             parts.append(f"{self.memory / 1e9:g} GB memory")
         parts.extend(self.frameworks)
         parts.extend(f"label {key}={value}" for key, value in self.labels.items())
+        if self.machine:
+            parts.append(f"target {self.target} (of machine {self.machine[:8]})")
         return ", ".join(parts)
 
     @property
@@ -153,6 +171,8 @@ class RequirementKeywords(TypedDict, total=False):
     cpus: int
     memory: int | str
     labels: Mapping[str, str]
+    target: Target
+    machine: str | None
 
 
 def parse_framework(text: str) -> Requirement:

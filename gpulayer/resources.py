@@ -1,8 +1,9 @@
 """This machine's CPUs, memory, GPUs and installed frameworks, as a worker advertises them.
 
-NVIDIA GPUs come from NVML (``nvidia-ml-py``); Apple Silicon offers one ``mps`` device with the
-machine's unified memory. Frameworks are read from package metadata, never imported. A machine
-without NVML or without GPUs says so in ``nvml``; nothing here raises for missing hardware.
+NVIDIA GPUs come from NVML (``nvidia-ml-py``); else AMD GPUs from AMD's tools (:mod:`gpulayer.amd`);
+else Apple Silicon offers one ``mps`` device with the machine's unified memory. Frameworks are read
+from package metadata, never imported. A machine without GPUs says why in ``nvml`` (and ``amd``);
+nothing here raises for missing hardware.
 """
 
 from __future__ import annotations
@@ -19,21 +20,24 @@ import psutil
 from packaging.utils import canonicalize_name
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import amd
 from .errors import ConfigError
-from .inventory import GPU, Resources
+from .inventory import GPU, GpuKind, Resources
 from .models import validation_message
 from .units import parse_size
 
 
 def detect(*, fake_gpus: str | None = None, gpus: str | None = None, owner: str | None = None) -> Resources:
-    """This machine. ``fake_gpus``: JSON of simulated CUDA GPUs offered instead of real ones (see
+    """This machine. ``fake_gpus``: JSON of simulated GPUs offered instead of real ones (see
     :func:`parse_fake_gpus`); ``gpus``: which to offer, ``"0,2"`` or ``"none"`` (default: all)."""
     host = socket.gethostname()
-    driver = cuda = None
+    driver = cuda = amd_found = None
     if fake_gpus:
         devices, nvml = parse_fake_gpus(fake_gpus, owner or host), "simulated GPUs (GPULAYER_FAKE_GPUS)"
     else:
         devices, nvml, driver, cuda = _nvidia()
+        if not devices:  # one kind per machine: NVIDIA's, else AMD's, else Apple's
+            devices, amd_found = amd.detect()
         devices = devices or _apple_silicon(host)
     return Resources(
         host=host,
@@ -42,6 +46,7 @@ def detect(*, fake_gpus: str | None = None, gpus: str | None = None, owner: str 
         memory=psutil.virtual_memory().total,
         gpus=select(devices, gpus),
         nvml=nvml,
+        amd=amd_found,
         driver_version=driver,
         cuda_version=cuda,
         frameworks=installed_frameworks(),
@@ -81,6 +86,8 @@ class _FakeGPU(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
+    #: ``rocm`` simulates an AMD GPU (its jobs get HIP_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES).
+    kind: GpuKind = "cuda"
     memory_gb: float | None = Field(default=None, gt=0)
     memory: str | int | None = None
     uuid: str | None = None
@@ -89,7 +96,9 @@ class _FakeGPU(BaseModel):
 
 
 def parse_fake_gpus(text: str, owner: str) -> list[GPU]:
-    """Simulated CUDA GPUs from JSON: ``[{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}, ...]``.
+    """Simulated GPUs from JSON: ``[{"name": "NVIDIA A100-SXM4-80GB", "memory_gb": 80}, ...]``; an
+    entry with ``"kind": "rocm"`` is an AMD GPU (``{"name": "AMD Instinct MI300X", "kind": "rocm",
+    "memory_gb": 192}``), one with ``"kind": "mps"`` Apple's.
     ``memory_gb`` is in GiB, as GPU makers count; ``memory`` takes a size (``"24GiB"``). Each gets a
     UUID unique to its worker (``owner``), so two simulated workers never share a device."""
     try:
@@ -111,7 +120,7 @@ def _fake_gpu(index: int, raw: Any, owner: str) -> GPU:
         raise ConfigError(f"GPULAYER_FAKE_GPUS: GPU {index}: {exc}") from None
     return GPU(
         index=index,
-        kind="cuda",
+        kind=entry.kind,
         name=entry.name,
         uuid=entry.uuid or f"GPU-simulated-{owner}-{index}",
         pci_bus_id=entry.pci_bus_id,

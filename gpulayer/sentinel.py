@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from urllib.parse import unquote
 
+from .network import address_text, parse_address
+
 #: The schemes of a Sentinel URL, and whether each speaks TLS.
 SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}
 SENTINEL_PORT = 26379
@@ -67,21 +69,13 @@ def parse(url: str) -> SentinelURL:
 
 
 def _address(text: str) -> tuple[str, int]:
-    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``."""
-    if text.startswith("["):
-        host, bracket, tail = text[1:].partition("]")
-        if not bracket or (tail and not tail.startswith(":")):
-            raise ValueError(f"{text!r} is not an address")
-        port = tail[1:]
-    else:
-        host, _, port = text.partition(":")
-    if not host:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``; Sentinel's port where none is given."""
+    if not text:
         raise ValueError("a sentinel's address is empty")
-    if port and not (port.isascii() and port.isdigit() and 0 < int(port) <= 65535):
-        raise ValueError(f"the port of {text!r} is not a port")
-    return host, int(port or SENTINEL_PORT)
+    host, port = parse_address(text)
+    return host, port or SENTINEL_PORT
 
 
 def hosts_text(addresses: tuple[tuple[str, int], ...]) -> str:
     """Addresses as a URL lists them: ``host:port,[v6]:port``."""
-    return ",".join(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in addresses)
+    return ",".join(address_text(host, port) for host, port in addresses)

@@ -42,6 +42,18 @@ def _path(text: str) -> Path:
     return Path(text).expanduser()
 
 
+_FLAGS = {word: True for word in ("1", "true", "yes", "on")} | {
+    word: False for word in ("0", "false", "no", "off")
+}
+
+
+def _flag(text: str) -> bool:
+    word = text.strip().lower()
+    if word not in _FLAGS:
+        raise ValueError(f"not 1 or 0: {text!r} (also true/false, yes/no, on/off)")
+    return _FLAGS[word]
+
+
 def _count(text: str) -> int:
     if not (text.strip().isascii() and text.strip().isdigit()):
         raise ValueError(f"not a whole number: {text!r} (examples: 500, 10000)")
@@ -117,8 +129,22 @@ class Settings:
     log_line_max_bytes: int = dataclasses.field(default=16 * 1024, metadata=_read(parse_size, "positive"))
     #: Source folders larger than this (after the ignore rules) are refused at submit.
     max_source_bytes: int = dataclasses.field(default=100 * MiB, metadata=_read(parse_size, "positive"))
-    #: A job's stored files — source and inputs, and separately its outputs — may not exceed this.
+    #: A job's files stored in Redis — source and inputs, a function's result, a checkpoint folder —
+    #: may not exceed this (outputs above ``redis_outputs_max_bytes`` stay on their worker instead,
+    #: inputs above it with their submitter).
     max_job_bytes: int = dataclasses.field(default=256 * MiB, metadata=_read(parse_size, "positive"))
+    #: A job's outputs up to this size (its files, before packing) are kept in Redis; larger ones stay
+    #: on the worker that ran it, and a download pulls them through Redis a few chunks at a time. So
+    #: do its ``--input`` files the other way: larger ones are served by their submitter until a worker
+    #: pulled them.
+    redis_outputs_max_bytes: int = dataclasses.field(default=64 * MiB, metadata=_read(parse_size, "positive"))
+    #: An S3-compatible bucket (AWS S3, MinIO, R2, ...) that files over ``redis_outputs_max_bytes`` go
+    #: to instead (the submitter's setting: it alone holds the store's credentials, boto3's own, and
+    #: hands workers presigned URLs). None: no store; they stay with the side that made them.
+    s3_bucket: str | None = dataclasses.field(default=None, metadata=_read(str))
+    #: The store's endpoint, for one that is not AWS's (None: AWS's, by ``s3_region``).
+    s3_endpoint_url: str | None = dataclasses.field(default=None, metadata=_read(str))
+    s3_region: str | None = dataclasses.field(default=None, metadata=_read(str))
     #: Ended jobs, with their logs and outputs, are kept this long (seconds).
     retention_seconds: int = dataclasses.field(default=7 * 86400, metadata=_read(_whole_seconds, "positive"))
     #: After SIGTERM, a job's processes have this long (seconds) before SIGKILL.
@@ -151,6 +177,10 @@ class Settings:
     submit_replicas_timeout: float = dataclasses.field(
         default=5.0, metadata=_read(parse_duration, "positive")
     )
+
+    #: Where no installation is configured, the first :class:`~gpulayer.Client` of a process starts a
+    #: private one (a Redis and a local worker), stopped when the process exits; 0 turns it off.
+    autostart: bool = dataclasses.field(default=True, metadata=_read(_flag))
 
     #: A TOML file of runtime profiles of one's own, added to GPUlayer's (docs/environments.md).
     profiles: Path | None = dataclasses.field(default=None, metadata=_read(_path))

@@ -157,6 +157,15 @@ class Keyring:
         }
         return {name: key.text for name, key in keys.items() if key is not None}
 
+    def result_signer(self, identity: str) -> ResultSigner:
+        """What a worker signs under as ``identity``: :class:`ConfigError` without a result key."""
+        if self.result_key is None or not identity:
+            raise ConfigError(
+                "this worker's access is no identity's (a token made before each machine had its own): "
+                "get one with `gpulayer access add worker NAME` on the admin's machine"
+            )
+        return ResultSigner(identity, self.result_key)
+
     @classmethod
     def from_texts(cls, texts: Mapping[str, str | None]) -> Keyring:
         def private(name: str) -> SigningKey | None:

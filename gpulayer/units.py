@@ -33,6 +33,15 @@ def parse_duration(text: str | float) -> float:
     return float(number) * _SECONDS[unit.lower()]
 
 
+def format_duration(seconds: float) -> str:
+    """``"1h"``, ``"90s"``, ``"1.5d"``: in the largest unit of at least one, as :func:`parse_duration`
+    reads it."""
+    for unit in ("d", "h", "m"):
+        if seconds >= _SECONDS[unit]:
+            return f"{seconds / _SECONDS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def format_size(size: int) -> str:
     """``"3.2 MiB"``: binary units, one decimal."""
     if size < 1024:
@@ -43,3 +52,12 @@ def format_size(size: int) -> str:
             return f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+def format_span(seconds: float) -> str:
+    """``45 s``, ``2 min``, ``1.5 h``: a span of time as people say it."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -31,6 +31,7 @@ from flask.testing import FlaskClient
 
 from gpulayer import Client, Settings, builds
 from gpulayer import access as accesses
+from gpulayer import installation as installations
 from gpulayer.cli import main
 from gpulayer.installation import Installation
 from gpulayer.models import IdentityRole, Role
@@ -205,6 +206,15 @@ def env(home: Path) -> dict[str, str]:
         k: v for k, v in os.environ.items() if k not in ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)
     }
     return {**inherited, "GPULAYER_HOME": str(home), "GPULAYER_KILL_GRACE_SECONDS": "2"}
+
+
+@pytest.fixture
+def admin_env(tmp_path: Path, session_hub: Hub, redis_url: str, env: dict[str, str]) -> dict[str, str]:
+    """The installation's admin machine: where `gpulayer access` commands run."""
+    home = tmp_path / "admin-home"
+    installations.save(home, session_hub.installation)
+    session_hub.installation.save_accesses(home)
+    return {**env, "GPULAYER_HOME": str(home)}
 
 
 @pytest.fixture

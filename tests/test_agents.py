@@ -23,6 +23,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from gpulayer import Client, JobState
+from gpulayer.inventory import KNOWN_FRAMEWORKS
+from gpulayer.network import free_port
 from gpulayer.options import SubmitOptions
 from gpulayer.requirements import Requirements
 from gpulayer.service import Service
@@ -77,6 +79,9 @@ async def test_an_agent_plans_submits_waits_reads_and_downloads(
 
         workers_seen = (await call(agent, "list_workers"))["workers"]
         assert [worker["name"] for worker in workers_seen] == ["gpu-box"]
+        # Frameworks of note only, as the CLI shows them: not every package the worker has installed.
+        assert all(name in KNOWN_FRAMEWORKS for name in workers_seen[0]["frameworks"])
+        assert "rq" in client.workers()[0].frameworks  # installed, of no note
         plan = await call(agent, "plan_job", requirements={"gpus": 1, "gpu_memory": "100GB"})
         assert plan["schedulable"] is False
         assert plan["reasons"][0]["codes"] == ["gpu_memory"]
@@ -205,6 +210,39 @@ async def test_bad_arguments_and_missing_jobs_are_one_line_tool_errors(env: dict
         assert "requirements.gpus" in refused.content[0].text  # type: ignore[union-attr]
         # The server is still there.
         assert (await call(agent, "list_jobs"))["jobs"] == []
+
+
+@pytest.mark.anyio
+async def test_a_job_no_worker_could_run_is_said_so_at_submit_and_at_once_in_a_wait(
+    workers: Workers, env: dict[str, str]
+) -> None:
+    workers.start("cpu-box")
+    async with session(env) as agent:
+        submitted = await call(
+            agent, "submit_job", command=["nvidia-smi"], requirements={"accelerator": "cuda"}
+        )
+        assert submitted["state"] == "queued"
+        assert submitted["runnable"] is False
+        assert [reason["worker"] for reason in submitted["why"]] == ["cpu-box"]
+        started = time.monotonic()
+        waited = await call(agent, "wait_for_job", job_id=submitted["id"], timeout=60)
+        assert time.monotonic() - started < 10
+        assert (waited["ended"], waited["runnable"]) == (False, False)
+        assert waited["why"][0]["codes"]
+        patient = await call(agent, "wait_for_job", job_id=submitted["id"], timeout=1, wait_for_capacity=True)
+        assert "runnable" not in patient
+        fits = await call(agent, "submit_job", command=["true"])
+        assert "why" not in fits
+
+
+@pytest.mark.anyio
+async def test_redis_out_of_reach_reaches_the_agent_as_its_one_line_cause(env: dict[str, str]) -> None:
+    down = {**env, "GPULAYER_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    async with session(down) as agent:
+        for tool, arguments in (("list_workers", {}), ("get_job", {"job_id": "abc"})):
+            said = await error(agent, tool, **arguments)
+            assert ": cannot reach Redis: " in said, said
+            assert said.endswith("(exit status 1)")
 
 
 @pytest.mark.anyio

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from simple_websocket import ConnectionError as Refused
 from gpulayer import Client, JobState
 from gpulayer.models import Role
 from gpulayer.network import free_port
+from gpulayer.provisioned import Decision, Machine
 from gpulayer.service import Service
 from gpulayer.web.auth import ROLE_ATTRIBUTE
 from tests.conftest import Workers, auth, wait_for
@@ -290,6 +292,49 @@ def test_workers_queues_and_tokens(
     assert http.delete("/api/v1/tokens/ci", headers=admin).status_code == 404
 
 
+def test_the_machines_the_autoscaler_started_and_its_decision_for_a_queued_job(
+    client: Client, http: FlaskClient, tokens: dict[str, str]
+) -> None:
+    viewer = auth(tokens["viewer"])
+    assert http.get("/api/v1/machines", headers=viewer).json == {"machines": []}
+    now = datetime.now(timezone.utc)
+    offer: dict[str, object] = {"name": "a100x1", "accelerator": "cuda", "gpus": 1}
+    running = Machine(
+        name="sim-a100x1-aaaaaa", provider="sim", kind="a100x1", offer=offer, state="running",
+        created=now - timedelta(hours=2), price_per_hour=1.5, gpus=1, wanted_by="q",
+    )  # fmt: skip
+    failed = Machine(
+        name="sim-a100x1-bbbbbb", provider="sim", kind="a100x1", offer=offer, state="failed",
+        created=now - timedelta(hours=3), ended=now - timedelta(hours=2), reason="its worker did not join",
+    )  # fmt: skip
+    client.stores.capacity.put(failed)
+    client.stores.capacity.put(running)
+    listed = http.get("/api/v1/machines", headers=viewer).json
+    assert listed is not None
+    [first, second] = listed["machines"]  # the newest first
+    assert (first["name"], first["state"], first["provider"]) == (running.name, "running", "sim")
+    assert first["age"] == pytest.approx(7200, abs=60)
+    assert first["cost"] == pytest.approx(3.0, abs=0.05)  # two hours at 1.5 an hour
+    assert (second["state"], second["reason"], second["age"], second["cost"]) == (
+        "failed", "its worker did not join", 3600, None,
+    )  # fmt: skip
+    waiting = client.submit(["true"], labels={"zone": "mars"})
+    record = http.get(f"/api/v1/jobs/{waiting.id}", headers=viewer).json
+    assert record is not None
+    assert record["capacity"] is None  # no autoscaler decided anything
+    said = "no provider offers a worker with label zone=mars"
+    queue = client.keys.queue_for(waiting.status().spec.queue)
+    client.stores.capacity.decide({queue: Decision(text=said, at=now, unmet=True)})
+    record = http.get(f"/api/v1/jobs/{waiting.id}", headers=viewer).json
+    assert record is not None
+    assert record["capacity"] == said
+    assert record["reasons"]
+    waiting.cancel()
+    record = http.get(f"/api/v1/jobs/{waiting.id}", headers=viewer).json
+    assert record is not None
+    assert (record["reasons"], record["capacity"]) == ([], None)
+
+
 def test_tokens_from_the_command_line(cli: Callable[..., Result], web_client: Client) -> None:
     made = cli("token", "create", "--name", "laptop", "--role", "viewer", "--expires", "1d")
     assert made.exit_code == 0
@@ -488,7 +533,7 @@ def test_every_route_answers_as_its_document_says_whatever_it_is_sent(
     documented statuses and content types, answers that match their schemas."""
     schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", app)
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 14
+    assert len(operations) == 15
     for operation in operations:
 
         @hypothesis.given(case=operation.as_strategy())

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ import redis
 from gpulayer import Client, JobState, Settings
 from gpulayer import access as accesses
 from gpulayer.network import free_port
+from gpulayer.provisioned import Decision, Machine
 from gpulayer.service import Service
 from tests.conftest import Hub, Workers, wait_for
 
@@ -36,7 +38,7 @@ if not CHROMIUM.exists():
     )
 pytest.importorskip("playwright", reason="needs the playwright package (the dev extras)")
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
 
 #: Where screenshots are copied for people to look at (ignored by git).
 OUTPUT = Path(__file__).resolve().parents[1] / "test-output" / "browser"
@@ -294,6 +296,51 @@ def test_the_workers_page_shows_the_worker_its_simulated_gpus_and_its_telemetry(
     shot()
 
 
+def test_the_workers_page_lists_the_machines_the_autoscaler_started_and_a_job_says_its_decision(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    # What an autoscaler records (docs/capacity.md), written as it would: none runs in this stack.
+    store = stack.client.stores.capacity
+    now = datetime.now(timezone.utc)
+    offer: dict[str, object] = {"name": "h100x4", "accelerator": "cuda", "gpus": 4}
+    machine = Machine(
+        name="aws-h100x4-3fa2c1", provider="aws", kind="h100x4", offer=offer, state="running",
+        created=now - timedelta(minutes=30), price_per_hour=12.0, gpus=4,
+    )  # fmt: skip
+    gone = machine.model_copy(
+        update={
+            "name": "aws-h100x4-9c01d2",
+            "state": "failed",
+            "price_per_hour": None,
+            "reason": "its worker did not join",
+        }
+    )
+    store.put(machine)
+    store.put(gone)
+    waiting = stack.client.submit(["true"], name="waits-for-h100s", labels={"zone": "mars"})
+    said = "starting a worker of kind h100x4 on provider aws (est. 2 min)"
+    queue = stack.client.keys.queue_for(waiting.status().spec.queue)
+    store.decide({queue: Decision(text=said, at=now, machines=[machine.name])})
+    try:
+        log_in(page, stack.tokens["viewer"])
+        page.get_by_test_id("nav-workers").click()
+        row = page.get_by_test_id("machine-row").filter(has_text=machine.name)
+        expect(row.get_by_test_id("machine-state")).to_have_text("running")
+        expect(row).to_contain_text("h100x4")
+        expect(row.get_by_test_id("machine-cost")).to_have_text(re.compile(r"^\$6\.0\d$"))  # 30 min at $12
+        failed = page.get_by_test_id("machine-row").filter(has_text=gone.name)
+        expect(failed.get_by_test_id("machine-reason")).to_have_text("its worker did not join")
+        expect(failed.get_by_test_id("machine-cost")).to_have_text("—")
+        shot("workers")
+        page.goto(f"/#/jobs/{waiting.id}")
+        expect(page.get_by_test_id("capacity-decision")).to_have_text(f"Autoscaler: {said}")
+        shot("job")
+    finally:
+        waiting.cancel()
+        store.forget([machine.name, gone.name])
+        store.decide({})
+
+
 def test_a_viewer_is_offered_no_submit_form_and_no_cancel_button(
     page: Page, stack: Stack, shot: Callable[..., None]
 ) -> None:
@@ -332,3 +379,89 @@ def test_the_activity_page_charts_the_samples_and_the_theme_toggle_is_remembered
     page.get_by_test_id("nav-jobs").click()
     expect(page.get_by_test_id("job-row").first).to_be_visible()
     shot("dark-jobs")
+
+
+def test_the_workers_header_counts_gpus_only_when_some_worker_has_them(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    # No worker with GPUs: the API's answer, as a machine with CPU workers only would give it.
+    page.route("**/api/v1/workers", lambda route: route.fulfill(json={"workers": []}))
+    log_in(page, stack.tokens["viewer"])
+    page.goto("/#/workers")
+    totals = page.get_by_test_id("worker-totals")
+    expect(totals).to_have_text("0 workers0 running0/0 CPU slots")
+    shot()
+
+
+def test_the_top_bar_fits_a_phones_width(browser: Browser, stack: Stack, tmp_path: Path) -> None:
+    context = browser.new_context(base_url=stack.url, viewport={"width": 390, "height": 844})
+    phone = context.new_page()
+    phone.set_default_timeout(WAIT_MS)
+    log_in(phone, stack.tokens["submitter"])  # the longest role name
+    expect(phone.get_by_test_id("jobs-table")).to_be_visible()
+    phone.screenshot(path=tmp_path / "phone.png")
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "phone.png", OUTPUT / "test_the_top_bar_fits_a_phones_width.png")
+    topbar = phone.get_by_test_id("topbar")
+    assert topbar.evaluate("bar => bar.scrollWidth <= bar.clientWidth")
+    assert phone.evaluate("document.documentElement.scrollWidth") <= 390
+    for control in ("nav-jobs", "nav-workers", "nav-activity", "role", "theme-toggle", "logout"):
+        box = phone.get_by_test_id(control).bounding_box()
+        assert box is not None, control
+        assert box["x"] >= 0, control
+        assert box["x"] + box["width"] <= 390, control
+    context.close()
+
+
+def test_a_job_id_that_does_not_exist_says_so_and_opens_no_log(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    sockets: list[str] = []
+    page.on("websocket", lambda socket: sockets.append(socket.url))
+    log_in(page, stack.tokens["viewer"])
+    page.goto("/#/jobs/no-such-job-38")
+    expect(page.get_by_test_id("no-such-job")).to_contain_text("No such job")
+    expect(page.get_by_test_id("no-such-job")).to_contain_text("no-such-job-38")
+    expect(page.get_by_test_id("logs")).to_have_count(0)
+    page.wait_for_timeout(1500)  # what a log socket's first retry would take
+    assert not [url for url in sockets if "/ws/jobs/" in url]
+    shot()
+
+
+def test_the_page_shows_a_skeleton_before_the_session_check_answers(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:  # a bound method is not a handler Playwright takes
+        held.append(route)
+
+    page.route("**/api/v1/session", hold)
+    page.goto("/", wait_until="domcontentloaded")
+    for _ in range(WAIT_MS // 50):
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held, "the page never asked for its session"
+    expect(page.get_by_test_id("booting")).to_be_visible()
+    shot("waiting")
+    held[0].continue_()
+    expect(page.get_by_test_id("login-form")).to_be_visible()
+    expect(page.get_by_test_id("booting")).to_have_count(0)
+
+
+def test_the_jobs_list_shows_how_each_ended_job_exited(
+    page: Page, stack: Stack, shot: Callable[..., None]
+) -> None:
+    failed = stack.client.submit(["sh", "-c", "exit 3"], name="exits-three")
+    waiting = stack.client.submit(["true"], name="exit-unknown", labels={"zone": "mars"})
+    assert failed.wait(WAIT_MS / 1000).exit_code == 3
+    log_in(page, stack.tokens["viewer"])
+    expect(page.get_by_role("columnheader", name="Exit")).to_be_visible()
+    row = page.get_by_test_id("job-row").filter(has_text="exits-three")
+    expect(row.get_by_test_id("exit-code")).to_have_text("3")
+    expect(
+        page.get_by_test_id("job-row").filter(has_text="exit-unknown").get_by_test_id("exit-code")
+    ).to_have_text("—")
+    shot()
+    waiting.cancel()

@@ -10,11 +10,13 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
 import pytest
+from click.testing import Result
 
 from gpulayer import Client, JobState
 from gpulayer import access as accesses
@@ -241,3 +243,23 @@ def test_a_dest_that_cannot_be_written_is_one_line_and_nothing_is_written(
     finally:
         for folder in (locked, partial / "results"):
             folder.chmod(0o755)
+
+
+# --- what the command line shows, in its own terms (issue 38) -----------------------------------
+
+
+def test_a_bad_option_is_named_by_its_flag_and_a_duration_as_one(cli: Callable[..., Result]) -> None:
+    too_long = cli("submit", "--retry-delay", "2h", "--", "true")
+    assert too_long.exit_code == 2
+    assert too_long.output.strip().splitlines()[-1] == "Error: invalid job: --retry-delay: at most 1h"
+    assert "--kill-grace: more than 0s" in cli("submit", "--kill-grace", "0", "--", "true").output
+    empty_output = cli("submit", "--output", "", "--", "true").output
+    assert "Error: invalid job: --output: String should have at least 1 character" in empty_output
+    assert "Error: invalid job: --gpu-memory: " in cli("submit", "--gpu-memory", "lots", "--", "true").output
+
+
+def test_commands_are_shown_quoted_as_a_shell_would(cli: Callable[..., Result], client: Client) -> None:
+    job_id = cli("submit", "--", "sh", "-c", "echo try; exit 1").output.strip().splitlines()[0]
+    assert "command:    sh -c 'echo try; exit 1'\n" in cli("status", job_id).output
+    [row] = [line for line in cli("jobs").output.splitlines() if line.startswith(job_id)]
+    assert row.endswith("sh -c 'echo try; exit 1'")

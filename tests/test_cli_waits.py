@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -59,12 +60,40 @@ def test_a_submit_no_connected_worker_can_run_says_so_and_still_queues_it(
     assert lines[2].startswith("gpulayer:   cpu-box: ")
 
 
+def test_a_wait_no_connected_worker_could_serve_ends_at_once_saying_why(
+    cli: Cli, client: Client, workers: Workers
+) -> None:
+    workers.start("cpu-box")
+    started = time.monotonic()
+    result = cli("submit", "--wait", "--accelerator", "cuda", "--", "nvidia-smi")
+    assert time.monotonic() - started < 5  # not the grace for a worker to join: one is connected
+    assert result.exit_code == 1
+    job_id = result.stderr.split()[1]
+    lines = result.stderr.strip().splitlines()
+    assert lines[1] == "gpulayer: no connected worker could ever run this job:"
+    assert lines[2].startswith("gpulayer:   cpu-box: ")
+    assert lines[-1].startswith(f"Error: job {job_id} stays queued: no connected worker could ever run it")
+    assert client.get(job_id).status().state is JobState.QUEUED
+    waited = cli("wait", job_id)
+    assert waited.exit_code == 1
+    assert "gpulayer:   cpu-box: " in waited.stderr
+
+
+def test_a_wait_with_no_worker_connected_gives_one_a_grace_to_join(
+    cli: Cli, client: Client, workers: Workers
+) -> None:
+    job = client.submit(["true"])
+    threading.Timer(1.0, workers.start, ("late",)).start()
+    assert cli("wait", job.id).exit_code == 0  # the worker joined within the grace, and ran it
+
+
 def test_submit_wait_says_why_a_job_is_still_queued_and_ctrl_c_leaves_it_queued(
     env: dict[str, str], client: Client, workers: Workers
 ) -> None:
     workers.start("only-one")
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpulayer", "submit", "--wait", "--nodes", "2", "--", "true"],
+        [sys.executable, "-m", "gpulayer", "submit", "--wait", "--wait-for-capacity", "--nodes", "2",
+         "--", "true"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert process.stderr is not None
@@ -93,7 +122,7 @@ def test_ctrl_c_in_wait_stops_the_waiting_and_the_job_stays_queued(
     job = client.submit(["true"])  # no worker: it stays queued
     before = {entry["id"] for entry in raw_redis.client_list()}
     process = subprocess.Popen(
-        [sys.executable, "-m", "gpulayer", "wait", job.id],
+        [sys.executable, "-m", "gpulayer", "wait", "--wait-for-capacity", job.id],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     # Inside the wait: its connection blocks on the job's done stream.
@@ -153,7 +182,7 @@ def test_a_command_with_a_newline_stays_one_row_of_the_jobs_table(
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert len(lines) == 2
-    assert lines[1].endswith("sh -c echo a\\necho b")
+    assert lines[1].endswith("sh -c 'echo a\\necho b'")
     listed = json.loads(gpulayer(env, "jobs", "--json").stdout)
     assert listed[0]["command"] == ["sh", "-c", "echo a\necho b"]
 

@@ -2,9 +2,9 @@
 Redis, the server and two workers from compose/compose.yaml, a job submitted through the API from
 this machine survives `docker kill` of its worker, and the stack goes down leaving no volume.
 
-Docker Hub cannot be reached here, so the base image is made from Debian's own packages
-(debootstrap) and passed as BASE_IMAGE; Redis runs from that base (Debian's redis-server 7, as its
-user redis, who owns /data as in the official image).
+Docker Hub cannot be reached here, so the base image is made from Debian's own packages by
+compose/base-image.sh and passed as BASE_IMAGE; Redis runs from that base (Debian's redis-server 7,
+as its user redis, who owns /data as in the official image).
 Skipped where no engine answers, unless GPULAYER_CONTAINER_TESTS=required (as .ci/run sets it)."""
 
 from __future__ import annotations
@@ -33,9 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "compose" / "compose.yaml"
 BASE = "local/gpulayer-base:bookworm-redis-data"
 IMAGE = "gpulayer:test"
-#: What the base holds beyond debootstrap's minimal system: Python for the image, redis-server for
-#: the stack's Redis.
-BASE_PACKAGES = "python3,python3-venv,ca-certificates,redis-server"
 #: Extra CA certificates of this machine (update-ca-certificates' input): builds need them to reach
 #: the package index through this machine's proxy, as corporate ones do.
 HOST_CAS = Path("/usr/local/share/ca-certificates")
@@ -61,41 +58,9 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> 
     return done.stdout
 
 
-def _mirror() -> str:
-    """This machine's Debian mirror: the first deb822 source that is not the security archive."""
-    for sources in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        for line in sources.read_text().splitlines():
-            if line.startswith("URIs:") and "security" not in line:
-                return line.split()[1]
-    raise AssertionError("no Debian mirror in /etc/apt/sources.list.d")
-
-
 def _base_image() -> None:
-    """The base image, made once per machine from Debian's packages."""
-    if subprocess.run(["docker", "image", "inspect", BASE], capture_output=True, check=False).returncode == 0:
-        return
-    with tempfile.TemporaryDirectory() as scratch:
-        rootfs = Path(scratch) / "rootfs"
-        run(
-            "debootstrap",
-            "--variant=minbase",
-            f"--include={BASE_PACKAGES}",
-            "bookworm",
-            str(rootfs),
-            _mirror(),
-        )
-        shutil.rmtree(rootfs / "var" / "lib" / "apt" / "lists", ignore_errors=True)
-        # As the official Redis image has it: /data, the user redis's, for the stack's Redis.
-        [uid, gid] = next(
-            line.split(":")[2:4]
-            for line in (rootfs / "etc" / "passwd").read_text().splitlines()
-            if line.startswith("redis:")
-        )
-        (rootfs / "data").mkdir()
-        os.chown(rootfs / "data", int(uid), int(gid))
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        subprocess.run(["docker", "import", "-", BASE], stdin=tar.stdout, check=True, capture_output=True)
-        assert tar.wait() == 0
+    """The base image, made once per machine from Debian's packages, as docs/deploy.md makes it."""
+    run(str(ROOT / "compose" / "base-image.sh"), BASE, timeout=1200)
 
 
 def _build() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -159,3 +161,26 @@ def test_an_installation_from_before_identities_is_brought_up_to_date_by_the_nex
     assert "user gpulayer-worker " not in (home / "redis" / "users.acl").read_text()
     run = gpulayer(up_env, "submit", "--wait", "--", "echo", "upgraded")
     assert (run.returncode, run.stdout) == (0, "upgraded\n")
+
+
+def test_up_from_a_folder_that_holds_a_gpulayer_folder_starts_the_installed_package(
+    up_env: dict[str, str], tmp_path: Path
+) -> None:
+    # A checkout's parent: its gpulayer/ would be what `python -m gpulayer` imports, from the current folder.
+    shadow = tmp_path / "parent" / "gpulayer"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise SystemExit('the shadowing gpulayer/ was imported')\n")
+    (shadow / "__main__.py").write_text("")
+    script = Path(sys.executable).with_name("gpulayer")  # the console script: PATH's gpulayer
+    up = subprocess.run(
+        [str(script), "up", "--slots", "1"],
+        env=up_env,
+        cwd=shadow.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert up.returncode == 0, up.stderr + up.stdout
+    run = gpulayer(up_env, "submit", "--wait", "--", "echo", "not shadowed", cwd=tmp_path)
+    assert run.stdout == "not shadowed\n", run.stderr

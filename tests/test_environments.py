@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ from gpulayer.errors import InvalidJobSpec
 from gpulayer.options import SubmitOptions
 from gpulayer.profiles import profiles
 from gpulayer.submits import command_spec, environment, options_and_needs
+from gpulayer.worker.env_builds import READY, EnvironmentCache, Failed, Ready
 from tests.conftest import WAIT, Hub, Workers
 
 # The functions of this module travel by value, as a script's would.
@@ -281,3 +284,40 @@ def test_gpulayer_profiles_lists_each_with_what_it_sets_and_where_it_was_tested(
     assert lines[0].split() == ["cpu", "accelerator", "cpu"]
     assert "tested here: CPU only" in lines[2]
     assert any(line.split()[:4] == ["pytorch-cuda", "accelerator", "cuda,", "pip"] for line in lines)
+
+
+def test_past_its_size_the_cache_removes_the_least_recently_used_but_none_in_use(tmp_path: Path) -> None:
+    """The worker's cache itself, with real uv builds: each build makes room by removing the
+    environments used longest ago (past a minute), never the one just built or one a job holds."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for version in ("1.0", "2.0", "3.0"):
+        write_wheel(wheels, "glprobe", version)
+    environ = {
+        **os.environ,
+        "UV_FIND_LINKS": str(wheels),
+        "UV_NO_INDEX": "1",
+        "UV_OFFLINE": "1",
+        "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+    }
+    cache = EnvironmentCache(tmp_path / "envs", max_bytes=1, timeout=120, environ=environ)
+    said: list[str] = []
+
+    def of(version: str) -> PythonEnvironment:
+        return PythonEnvironment(requirements=[f"glprobe=={version}"])
+
+    def aged(ready: Ready | Failed) -> Path:
+        assert isinstance(ready, Ready), ready
+        long_ago = time.time() - 3600
+        os.utime(ready.folder / READY, (long_ago, long_ago))
+        return ready.folder
+
+    with cache.held(of("1.0"), said.append) as first:
+        oldest = aged(first)
+    with cache.held(of("2.0"), said.append) as second:  # over the size: 1.0, unused, goes
+        held = aged(second)
+        assert not oldest.exists()
+        with cache.held(of("3.0"), said.append) as third:  # 2.0 is held by a job: it stays
+            assert isinstance(third, Ready)
+            assert held.exists()
+    assert cache.builds == 3

@@ -93,19 +93,20 @@ def test_an_empty_command_is_refused(cli: Cli, raw_redis: redis.Redis, command: 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--env", "1BAD=x"], "invalid job: env: '1BAD' is not a valid environment variable name"),
+        (["--env", "1BAD=x"], "invalid job: --env: '1BAD' is not a valid environment variable name"),
         (
             ["--env", "GPULAYER_JOB_ID=x"],
-            "invalid job: env: GPULAYER_JOB_ID is set by the worker for each job; a job's env may not set it",
+            "invalid job: --env: GPULAYER_JOB_ID is set by the worker for each job; "
+            "a job's env may not set it",
         ),
         (
             ["--output", "/etc/passwd"],
-            "invalid job: outputs: output '/etc/passwd' must be a path inside the "
+            "invalid job: --output: output '/etc/passwd' must be a path inside the "
             "job's folder (relative, no '..')",
         ),
         (
             ["--output", "../up.txt"],
-            "invalid job: outputs: output '../up.txt' must be a path inside the "
+            "invalid job: --output: output '../up.txt' must be a path inside the "
             "job's folder (relative, no '..')",
         ),
     ],

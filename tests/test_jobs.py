@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis
+from click.testing import Result
 
 from gpulayer import Client, JobNotFound, JobState, OutputNotProduced, WaitTimeout
 from gpulayer.errors import InvalidJobSpec
@@ -203,6 +204,27 @@ def test_a_jobs_own_kill_grace_gives_it_that_long_after_sigterm(client: Client, 
     assert slow.wait(30).state is hurried.wait(30).state is JobState.TIMED_OUT
     assert [line.text for line in slow.logs() if line.stream == "stdout"] == ["cleaned"]
     assert [line.text for line in hurried.logs() if line.stream == "stdout"] == []
+
+
+def test_a_local_target_runs_on_this_machines_worker_and_a_remote_one_says_why_it_waits(
+    client: Client, workers: Workers, cli: Callable[..., Result]
+) -> None:
+    workers.start("w1")
+    here = client.submit(["echo", "here"], target="local")
+    assert here.wait(30).state is JobState.SUCCEEDED
+    elsewhere = client.submit(["echo", "elsewhere"], target="remote")
+    why = elsewhere.why()
+    assert (why.worker, why.schedulable) == (None, False)
+    assert [(r.worker, r.reason) for r in why.reasons] == [
+        ("w1", "target remote: it is on the same machine as the submitter")
+    ]
+    assert elsewhere.status().state is JobState.QUEUED
+    planned = cli("plan", "--target", "remote")
+    assert planned.exit_code == 1
+    assert "  w1: target remote: it is on the same machine as the submitter" in planned.output.splitlines()
+    submitted = cli("submit", "--wait", "--target", "local", "--", "echo", "from the CLI")
+    assert submitted.exit_code == 0
+    assert "from the CLI" in submitted.output.splitlines()
 
 
 def test_an_output_that_was_not_produced_fails_the_job_and_names_it(

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_the_shell_scripts_pass_shellcheck() -> None:
     shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
     checked = subprocess.run(
-        [shellcheck, str(ROOT / "install.sh"), str(ROOT / ".ci" / "run")],
+        [shellcheck, *(str(ROOT / script) for script in ("install.sh", ".ci/run", "compose/base-image.sh"))],
         capture_output=True,
         text=True,
         check=False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpulayer import GPU, InvalidJobSpec, Requirements, WorkerInfo
+from gpulayer.machines import this_machine
 from gpulayer.models import QueueSpec, validated
 from gpulayer.placement import CODES, NO_WORKERS, check, eligible_gpus, memory_text, plan
 from gpulayer.worker.queues import ServedQueues
@@ -169,6 +170,37 @@ def test_each_reason_carries_a_code_a_program_can_act_on() -> None:
     gang = plan(needs(gpus=1), [held, small], nodes=2)
     assert gang.reasons[0].codes == ["gang"]
     assert [reason.codes for reason in gang.reasons[1:]] == [["gpus_busy"]]
+
+
+def test_a_target_is_decided_by_the_machine_a_worker_says_it_is_on_not_its_host_name() -> None:
+    here = this_machine()
+    elsewhere = "0" * 32
+    # Two machines may share a host name (cloned images, "localhost"): it decides nothing.
+    mine, theirs = worker("mine", host="h", machine=here), worker("theirs", host="h", machine=elsewhere)
+    older = worker("older", host="h")
+    local, remote = needs(target="local"), needs(target="remote")
+    assert local.machine == remote.machine == here  # the submitter's, filled in at submit
+    assert local.capability != remote.capability != needs().capability  # each a queue of its own
+    assert plan(local, [mine, theirs, older]).worker == "mine"
+    assert plan(remote, [mine, theirs, older]).worker == "theirs"
+    assert [(r.worker, r.reason, r.codes) for r in plan(local, [theirs, older]).reasons] == [
+        ("older", "target local: it does not say which machine it is on (an older worker)", ["target"]),
+        ("theirs", "target local: it is on another machine than the submitter", ["target"]),
+    ]
+    refused = plan(remote, [mine])
+    assert refused.schedulable is False
+    assert refused.lines() == [
+        "no connected worker could ever run this job:",
+        "  mine: target remote: it is on the same machine as the submitter",
+    ]
+    assert check(needs(), older).status == "fits"  # any: wherever
+
+
+def test_a_machine_goes_with_a_target_and_is_the_submitters_unless_given() -> None:
+    assert needs(target="local", machine="a" * 32).machine == "a" * 32
+    assert needs(target="any").machine is None
+    with pytest.raises(InvalidJobSpec, match="a machine goes with target local or remote only"):
+        needs(machine="a" * 32)
 
 
 # --- plans ------------------------------------------------------------------------------------------

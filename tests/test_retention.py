@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from click.testing import Result
 
 from gpulayer import Client, Settings
+from gpulayer import access as accesses
+from gpulayer.installation import Installation
 from gpulayer.store.execution import ExecutionStore
 from gpulayer.store.scripts import Scripts
 from tests.conftest import Workers, wait_for
@@ -45,3 +49,39 @@ def test_a_job_cancelled_while_queued_keeps_no_files(
     assert raw_redis.exists(client.keys.inputs(job.id))
     job.cancel()
     assert not raw_redis.exists(client.keys.inputs(job.id))
+
+
+def test_gc_ends_now_what_retention_would_end_and_only_the_admin_may(
+    cli: Callable[..., Result],
+    client: Client,
+    workers: Workers,
+    home: Path,
+    installation: Installation,
+    raw_redis: redis.Redis,
+) -> None:
+    refused = cli("gc")
+    assert refused.exit_code == 1
+    assert refused.output.strip().splitlines() == [
+        "Error: this needs the admin role's access; this machine holds only the submitter, viewer, "
+        "web, worker role's (`gpulayer access export ROLE` on the admin's machine makes one)"
+    ]
+    accesses.save(home, installation.access("admin"))
+    workers.start()
+    ended = [client.submit(["sh", "-c", "echo out; echo x > f"], outputs=["f"]), client.submit(["false"])]
+    for job in ended:
+        job.wait(30)
+    queued = client.submit(["true"], gpus=8)  # no worker could run it: it never ends
+    before = {key for key in raw_redis.keys("*") if any(job.id.encode() in key for job in ended)}
+
+    assert cli("gc", "--older-than", "1h").output.startswith("freed 0 job(s), 0 output archive(s), ")
+    dry = cli("gc", "--older-than", "0", "--dry-run").output
+    assert dry.startswith("would free 2 job(s), 1 output archive(s), ")
+    assert {key for key in raw_redis.keys("*") if any(job.id.encode() in key for job in ended)} == before
+    freed = cli("gc", "--older-than", "0").output
+    assert freed.replace("freed", "would free", 1) == dry
+    for job in ended:
+        assert raw_redis.keys(f"*{job.id}*") == []
+        for key in raw_redis.keys("*"):
+            if raw_redis.type(key) == b"zset":
+                assert job.id.encode() not in raw_redis.zrange(key, 0, -1), key
+    assert [record.id for record in client.jobs()] == [queued.id]

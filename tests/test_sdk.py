@@ -361,6 +361,39 @@ def test_map_raises_a_calls_exception_in_its_turn(workers: Workers, remote: Call
 
 
 @pytest.mark.slow
+def test_map_with_return_exceptions_yields_each_calls_exception_in_its_place(
+    workers: Workers, remote: Callable[..., Any]
+) -> None:
+    workers.start("w1", 2)
+
+    @remote
+    def invert(x: int) -> float:
+        return 1 / x
+
+    results = list(remote(invert).map([1, 0, 4, 0], return_exceptions=True))
+    assert results[::2] == [1.0, 0.25]
+    assert all(isinstance(results[i], ZeroDivisionError) for i in (1, 3))
+    unordered = remote(invert).map([0, 2], return_exceptions=True, ordered=False)
+    assert sorted(type(value).__name__ for value in unordered) == ["ZeroDivisionError", "float"]
+
+
+@pytest.mark.slow
+def test_an_exception_without_a_message_is_named_with_its_repr(
+    workers: Workers, remote: Callable[..., Any]
+) -> None:
+    workers.start("w1", 1)
+
+    @remote
+    def fail() -> None:
+        raise ValueError()
+
+    handle = fail.remote()
+    with pytest.raises(ValueError, match="Remote traceback"):
+        handle.result(timeout=WAIT)
+    assert handle.status().reason == "ValueError: ValueError()"
+
+
+@pytest.mark.slow
 def test_timeout_cancel_and_worker_lost_raise_distinct_errors(
     workers: Workers, remote: Callable[..., Any], client: Client
 ) -> None:

@@ -543,7 +543,7 @@ def test_a_job_may_not_set_a_variable_the_worker_sets(
     result = cli("submit", "--env", f"{variable}=0,1,2,3", "--", "true")
     assert result.exit_code == 2
     assert result.output.strip() == (
-        f"Error: invalid job: env: {variable} is set by the worker for each job; a job's env may not set it"
+        f"Error: invalid job: --env: {variable} is set by the worker for each job; a job's env may not set it"
     )
     assert raw_redis.dbsize() == 0
 

@@ -20,8 +20,8 @@ from flask.testing import FlaskClient
 
 import gpulayer as gl
 from gpulayer import Client, JobState
-from gpulayer import installation as installations
 from gpulayer.access import TOKEN_VARIABLE, Access
+from gpulayer.installation import Installation
 from gpulayer.models import Identity
 from gpulayer.payloads import RESULT
 from gpulayer.signing import ResultSigner, SigningKey, seal_archive, sign_identity, sign_result
@@ -40,15 +40,6 @@ def square(x: int) -> int:
 def poison(marker: Path) -> bytes:
     """A pickle that runs a command as it is loaded: what a forged result carries."""
     return f"cos\nsystem\n(S'touch {marker}'\ntR.".encode()
-
-
-@pytest.fixture
-def admin_env(tmp_path: Path, session_hub: Hub, redis_url: str, env: dict[str, str]) -> dict[str, str]:
-    """The installation's admin machine: where `gpulayer access` commands run."""
-    home = tmp_path / "admin-home"
-    installations.save(home, session_hub.installation)
-    session_hub.installation.save_accesses(home)
-    return {**env, "GPULAYER_HOME": str(home)}
 
 
 def add_identity(admin_env: dict[str, str], role: str, name: str, *options: str) -> Access:
@@ -80,7 +71,7 @@ def tar_of(entries: dict[str, bytes]) -> bytes:
 
 # --- results -----------------------------------------------------------------------------------------
 def test_a_result_another_worker_identity_signs_for_a_job_it_did_not_run_is_refused_unpickled(
-    client: Client, workers: Workers, installation: installations.Installation, tmp_path: Path
+    client: Client, workers: Workers, installation: Installation, tmp_path: Path
 ) -> None:
     intruder = enrol(installation, "worker", "intruder")
     workers.start("w1", 1)
@@ -238,7 +229,7 @@ def test_outputs_another_role_put_in_place_of_a_jobs_are_refused_by_gpulayer_out
     role: str,
     client: Client,
     workers: Workers,
-    installation: installations.Installation,
+    installation: Installation,
     env: dict[str, str],
     http: FlaskClient,
     tokens: dict[str, str],
@@ -306,7 +297,7 @@ def test_outputs_signed_by_the_worker_that_ran_the_job_write_only_its_declared_o
 
 # --- checkpoints -------------------------------------------------------------------------------------
 def test_a_checkpoint_no_worker_of_the_job_signed_is_not_restored(
-    client: Client, workers: Workers, installation: installations.Installation
+    client: Client, workers: Workers, installation: Installation
 ) -> None:
     workers.start("w1", 1)
     counts = (
@@ -330,7 +321,7 @@ def test_a_checkpoint_no_worker_of_the_job_signed_is_not_restored(
 
 
 def test_no_role_but_the_admin_writes_the_identity_registry(
-    installation: installations.Installation, session_hub: Hub, redis_url: str
+    installation: Installation, session_hub: Hub, redis_url: str
 ) -> None:
     registry = installation.prefix + "#identities"
     roles: dict[str, Callable[[], str]] = {

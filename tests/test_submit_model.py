@@ -23,6 +23,8 @@ from gpulayer.web.openapi import document
 
 OPTIONS = set(SubmitOptions.model_fields)
 REQUIREMENTS = set(Requirements.model_fields)
+#: The requirements the CLI has a flag for: the machine a --target is relative to is the one it runs on.
+REQUIREMENT_FLAGS = REQUIREMENTS - {"machine"}
 
 
 def keys(typed: Any) -> set[str]:
@@ -88,7 +90,7 @@ def test_the_cli_submit_has_an_option_per_field_and_per_requirement() -> None:
     params = cli_options(submit)
     local = {"source", "inputs", "wait", "dest", "redis_url", "command", "gpus_per_node"}
     # A parameter's name is the keyword it is passed to Client.submit under.
-    assert set(params) == OPTIONS | REQUIREMENTS | local
+    assert set(params) == OPTIONS | REQUIREMENT_FLAGS | local
     for name in OPTIONS:
         option = params[name]
         assert isinstance(option, click.Option)
@@ -111,8 +113,8 @@ def test_plan_and_submit_share_the_requirement_options() -> None:
     @requirement_options
     def probe(**_: Any) -> None: ...
 
-    assert set(cli_options(probe)) == REQUIREMENTS
-    assert set(cli_options(main.commands["plan"])) == REQUIREMENTS | {"redis_url"}
+    assert set(cli_options(probe)) == REQUIREMENT_FLAGS
+    assert set(cli_options(main.commands["plan"])) == REQUIREMENT_FLAGS | {"redis_url"}
 
 
 def test_a_remote_functions_options_share_the_run_options() -> None:

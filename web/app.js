@@ -106,7 +106,7 @@ function enter(who) {
     h(
       "header",
       { class: "topbar", testid: "topbar" },
-      h("a", { class: "brand", href: "#/jobs" }, h("img", { src: "/static/favicon.svg", alt: "" }), "GPUlayer"),
+      h("a", { class: "brand", href: "#/jobs", "aria-label": "GPUlayer" }, h("img", { src: "/static/favicon.svg", alt: "" }), h("span", { class: "brand-name" }, "GPUlayer")),
       h("nav", {}, link("jobs", "Jobs"), link("workers", "Workers"), link("activity", "Activity")),
       h("span", { class: "spacer" }),
       live,

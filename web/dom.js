@@ -73,7 +73,8 @@ export function hhmmss(ms) {
 }
 
 /** Seconds as "14ms", "2.4s", "12s", "3m 04s", "2h 05m", "3d 4h". */
-function duration(seconds) {
+/** A span of seconds, short: "850ms", "4.2s", "3m 05s", "2h 07m". */
+export function duration(seconds) {
   if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return "";
   if (seconds < 1) return `${Math.max(Math.round(seconds * 1000), 0)}ms`;
   if (seconds < 10) return `${seconds.toFixed(1)}s`;

@@ -11,6 +11,7 @@ export function mountJob(root, { session, id }) {
   const summary = h("div", { class: "job-summary" });
   const sections = h("div", { class: "job-sections" });
   const error = h("div", { class: "banner error", testid: "load-error", hidden: true });
+  // Its log is shown, and its socket opened, once the job is known to exist.
   const logs = new LogViewer(id, { onEnd: () => load() });
   let job = null;
   let cancelling = false;
@@ -19,7 +20,6 @@ export function mountJob(root, { session, id }) {
     h("nav", { class: "crumbs" }, h("a", { href: "#/jobs" }, "Jobs"), h("span", { class: "sep" }, "/"), h("span", { class: "mono" }, id)),
     error,
     summary,
-    logs.element,
     sections,
   );
   document.title = `Job ${id} · GPUlayer`;
@@ -29,14 +29,32 @@ export function mountJob(root, { session, id }) {
       job = await api(`${V1}/jobs/${id}`);
       error.hidden = true;
     } catch (problem) {
+      if (problem.status === 404) {
+        gone(problem.message);
+        return;
+      }
       error.textContent = problem.message;
       error.hidden = false;
-      if (problem.status === 404) logs.close();
       return;
+    }
+    if (!logs.element.isConnected) {
+      summary.after(logs.element);
+      logs.connect();
     }
     const distributed = job.spec.distributed;
     if (distributed) logs.setRanks(distributed.nodes * (distributed.procs_per_node || 1));
     render();
+  }
+
+  /** No such job (never submitted, or past its retention): the page says so, and stops asking. */
+  function gone(message) {
+    stops.forEach((stop) => stop());
+    logs.close();
+    error.hidden = true;
+    summary.replaceChildren(h("div", { class: "card", testid: "no-such-job" }, empty(`No such job: ${id}`, message)));
+    sections.replaceChildren();
+    logs.element.remove();
+    document.title = "No such job · GPUlayer";
   }
 
   async function cancel(button) {
@@ -136,14 +154,16 @@ function section(title, body, testid) {
   return h("section", { class: "card", testid }, h("header", {}, h("h2", {}, title)), body);
 }
 
-/** Why each worker is not running a queued job. */
+/** Why each worker is not running a queued job, and what the autoscaler decided for it. */
 function reasons(job) {
   if (job.state !== "queued") return null;
   const rows = (job.reasons || []).map((r) =>
     h("tr", { testid: "reason-row" }, h("td", { class: "mono" }, r.worker || h("span", { class: "faint" }, "—")), h("td", {}, r.reason)),
   );
   const body = rows.length ? table(["Worker", "Why not here"], rows) : empty("Waiting for a free worker");
-  return section("Why it waits", body, "placement-reasons");
+  // What the autoscaler decided for it (docs/capacity.md): a machine starting for it, or why none.
+  const capacity = job.capacity ? h("p", { class: "capacity", testid: "capacity-decision" }, h("b", {}, "Autoscaler: "), job.capacity) : null;
+  return section("Why it waits", h("div", {}, body, capacity), "placement-reasons");
 }
 
 function parts(job) {

@@ -51,7 +51,7 @@ export function mountJobs(root, { session, query }) {
           h(
             "tr",
             {},
-            ["ID", "Name / command", "State", "Queue", "Worker", "Try", "Created", "Duration"].map((title) => h("th", {}, title)),
+            ["ID", "Name / command", "State", "Exit", "Queue", "Worker", "Try", "Created", "Duration"].map((title) => h("th", {}, title)),
           ),
         ),
         tbody,
@@ -110,6 +110,7 @@ export function mountJobs(root, { session, query }) {
         h("code", { class: "cmd", title: command }, command),
       ),
       h("td", {}, badge(job.state)),
+      h("td", { class: `num mono ${job.exit_code ? "bad" : ""}`, testid: "exit-code" }, job.exit_code === null || job.exit_code === undefined ? "—" : String(job.exit_code)),
       h("td", { class: "mono small", title: job.queue }, queueName(job.queue)),
       h("td", { class: "mono small" }, workers[0] || h("span", { class: "faint" }, "—"), workers.length > 1 ? h("span", { class: "faint" }, ` +${workers.length - 1}`) : null),
       h("td", { class: `num ${job.attempt > 1 ? "warn" : ""}` }, String(job.attempt || "—")),
@@ -125,7 +126,7 @@ export function mountJobs(root, { session, query }) {
     } else if (!shown.length) {
       const title = view.jobs.length ? "No job on this page matches the filter" : view.state ? `No ${view.state.replace("_", " ")} jobs` : "No jobs yet";
       const hint = view.jobs.length || view.state ? null : "Submit one above, or: gpulayer submit -- echo hello";
-      tbody.replaceChildren(h("tr", { class: "empty-row" }, h("td", { colspan: 8 }, empty(title, hint))));
+      tbody.replaceChildren(h("tr", { class: "empty-row" }, h("td", { colspan: 9 }, empty(title, hint))));
     } else {
       tbody.replaceChildren(...shown.map(row));
     }

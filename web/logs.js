@@ -32,7 +32,6 @@ export class LogViewer {
       h("div", { class: "log-wrap" }, this.body, this.followButton),
     );
     this.reset();
-    this.connect();
   }
 
   reset() {
@@ -57,11 +56,12 @@ export class LogViewer {
 
   setRank(rank) {
     this.rank = rank;
-    this.socket.close();
+    this.socket?.close();
     this.reset();
     this.connect();
   }
 
+  /** Called by the page, not at construction: it first checks that the job exists. */
   connect() {
     this.setStatus("connecting");
     this.socket = new LiveSocket(
@@ -133,6 +133,6 @@ export class LogViewer {
 
   close() {
     clearTimeout(this.flushTimer);
-    this.socket.close();
+    this.socket?.close();
   }
 }

@@ -1,9 +1,10 @@
 // The workers page: a card per connected worker with what it offers and holds, its machine's CPU and
-// memory use, and each GPU's use from the latest telemetry sample, with the last hour as sparklines.
+// memory use, and each GPU's use from the latest telemetry sample, with the last hour as sparklines;
+// below them, the machines the autoscaler started (docs/capacity.md), where it started any.
 
 import { api, V1 } from "./api.js";
 import { sparkline } from "./charts.js";
-import { ago, bytes, clock, debounced, empty, h, meter, percent, when } from "./dom.js";
+import { ago, bytes, clock, debounced, duration, empty, h, meter, percent, when } from "./dom.js";
 import { onEvent } from "./events.js";
 import { TelemetryFeed } from "./feeds.js";
 
@@ -12,11 +13,13 @@ const FRAMEWORKS = ["torch", "torchvision", "jax", "jaxlib", "mlx", "cupy", "ten
 
 export function mountWorkers(root) {
   let workers = null;
+  let machines = [];
   const grid = h("div", { class: "workers", testid: "workers" });
+  const started = h("div", { class: "machines" });
   const totals = h("div", { class: "totals", testid: "worker-totals" });
   const error = h("div", { class: "banner error", testid: "load-error", hidden: true });
   const notice = h("div", { class: "banner", testid: "telemetry-notice", hidden: true });
-  root.append(h("div", { class: "page-head" }, h("h1", {}, "Workers"), totals), error, notice, grid);
+  root.append(h("div", { class: "page-head" }, h("h1", {}, "Workers"), totals), error, notice, grid, started);
   document.title = "Workers · GPUlayer";
 
   const schedule = debounced(() => render(), 150);
@@ -24,7 +27,9 @@ export function mountWorkers(root) {
 
   async function load() {
     try {
-      workers = (await api(`${V1}/workers`)).workers.sort((a, b) => a.name.localeCompare(b.name));
+      const [connected, provisioned] = await Promise.all([api(`${V1}/workers`), machinesOrNone()]);
+      workers = connected.workers.sort((a, b) => a.name.localeCompare(b.name));
+      machines = provisioned;
       error.hidden = true;
     } catch (problem) {
       error.textContent = problem.message;
@@ -45,12 +50,14 @@ export function mountWorkers(root) {
     const gpus = workers.reduce((sum, w) => sum + w.gpus.length, 0);
     const busy = workers.reduce((sum, w) => sum + w.gpus_busy.length, 0);
     const running = workers.reduce((sum, w) => sum + w.running, 0);
+    // replaceChildren writes a null as the text "null": GPUs are counted only where there are some.
     totals.replaceChildren(
       total(workers.length, workers.length === 1 ? "worker" : "workers"),
       total(running, "running"),
       total(`${used}/${slots}`, "CPU slots"),
-      gpus ? total(`${busy}/${gpus}`, "GPUs busy") : null,
+      ...(gpus ? [total(`${busy}/${gpus}`, "GPUs busy")] : []),
     );
+    started.replaceChildren(...(machines.length ? [machineTable(machines)] : []));
     if (!workers.length) {
       grid.replaceChildren(empty("No workers are connected", "Start one with: gpulayer worker start (or gpulayer up)"));
       return;
@@ -70,6 +77,47 @@ export function mountWorkers(root) {
     telemetry.stop();
     stops.forEach((stop) => stop());
   };
+}
+
+/** The machines the autoscaler started; none from a server that predates the route (404). */
+async function machinesOrNone() {
+  try {
+    return (await api(`${V1}/machines`)).machines;
+  } catch (problem) {
+    if (problem.status === 404) return [];
+    throw problem;
+  }
+}
+
+function machineTable(machines) {
+  const rows = machines.map((m) =>
+    h(
+      "tr",
+      { testid: "machine-row", dataset: { name: m.name } },
+      h("td", { class: "mono", testid: "machine-name" }, m.name),
+      h("td", {}, h("span", { class: `pill m-${m.state}`, testid: "machine-state" }, m.state)),
+      h("td", { class: "mono" }, m.kind),
+      h("td", { class: "mono" }, m.provider),
+      h("td", { class: "num", title: `started ${clock(m.created)}` }, duration(m.age)),
+      h("td", { class: "num", testid: "machine-cost" }, m.cost === null ? h("span", { class: "faint", title: "its price is not known" }, "—") : `$${m.cost.toFixed(2)}`),
+      h("td", { class: "small", testid: "machine-reason" }, m.reason || (m.wanted_by ? h("span", { class: "faint" }, `for ${m.wanted_by}`) : "")),
+    ),
+  );
+  return h(
+    "section",
+    { class: "card", testid: "machines" },
+    h("header", {}, h("h2", {}, "Started by the autoscaler"), h("span", { class: "faint small" }, "running, and ended in the last day")),
+    h(
+      "div",
+      { class: "table-wrap" },
+      h(
+        "table",
+        { class: "table compact" },
+        h("thead", {}, h("tr", {}, ["Machine", "State", "Kind", "Provider", "Age", "Cost so far", "Reason"].map((title) => h("th", {}, title)))),
+        h("tbody", {}, rows),
+      ),
+    ),
+  );
 }
 
 function total(value, label) {

@@ -3,7 +3,8 @@
 from .access import access_group, connect
 from .agents import mcp
 from .app import main
-from .jobs import cancel, list_jobs, logs, outputs, status, submit, wait
+from .capacity import capacity
+from .jobs import cancel, gc, list_jobs, logs, outputs, status, submit, wait
 from .placement import plan, resources, why, workers
 from .profiles import profiles
 from .server import down, up
@@ -18,6 +19,7 @@ _COMMANDS = (
     connect,
     access_group,
     workers,
+    capacity,
     resources,
     submit,
     plan,
@@ -29,6 +31,7 @@ _COMMANDS = (
     wait,
     cancel,
     outputs,
+    gc,
     server,
     dashboard,
     token,

@@ -9,11 +9,14 @@ from typing import get_args
 from urllib.parse import urlsplit
 
 import click
+import redis
 
 from .. import access as accesses
 from .. import home as local
 from .. import identities, tls
 from .. import installation as installations
+from ..client import Client
+from ..errors import GpulayerError
 from ..models import AccessRole, IdentityRole
 from ..settings import Settings, check_redis_url
 from .app import duration
@@ -172,7 +175,12 @@ def _apply(redis_url: str | None) -> None:
 
 @access_group.command()
 @click.argument("role", type=click.Choice(get_args(AccessRole)))
-@click.option("--host", help="The address other machines reach Redis at (default: as `up` prints it).")
+@click.option(
+    "--host",
+    metavar="HOST[:PORT]",
+    help="The address other machines reach Redis at: HOST, HOST:PORT or [v6]:PORT (default: as `up` "
+    "prints it; the port, Redis's).",
+)
 def export(role: AccessRole, host: str | None) -> None:
     """Print a shared ROLE's access token, for another machine (`gpulayer connect` with it). Anyone
     holding it acts as that role: send it as you would a password. A worker has no shared token:
@@ -199,7 +207,12 @@ def _host(home: Path, given: str | None) -> str | None:
     help="From then on nothing it signs is accepted, and the next admin command removes its Redis "
     "user (30d). Default: never.",
 )
-@click.option("--host", help="The address other machines reach Redis at (default: as `up` prints it).")
+@click.option(
+    "--host",
+    metavar="HOST[:PORT]",
+    help="The address other machines reach Redis at: HOST, HOST:PORT or [v6]:PORT (default: as `up` "
+    "prints it; the port, Redis's).",
+)
 def add(role: IdentityRole, name: str, expires: float | None, host: str | None) -> None:
     """Make the identity of one machine, NAME, in ROLE: a Redis user of its own (and, for a worker, its
     own key to sign results with), revocable alone (`gpulayer access revoke NAME`). Prints its
@@ -270,5 +283,25 @@ def connect(token_file: str | None) -> None:
     that installation in its role: a submitter's or a viewer's for the CLI and SDK, the web role's for
     `gpulayer server`. (A worker's goes to `gpulayer join`.)"""
     access = accesses.read_token(token_file)
-    path = accesses.save(Settings.from_env().home, access)
+    settings = Settings.from_env()
+    _check_works(access, settings)
+    path = accesses.save(settings.home, access)
     click.echo(f"connected as {accesses.describe(access)}; access kept in {path}")
+
+
+def _check_works(access: accesses.Access, settings: Settings) -> None:
+    """Reach the installation as ``access`` and read its workers, as every role may: a token that
+    cannot (a wrong address, a revoked user) is refused here, before it is kept, not at the next
+    command."""
+    try:
+        client = Client(settings=settings, access=access)
+    except GpulayerError as exc:  # a URL no client could use (its port, its scheme)
+        raise click.ClickException(f"the access token cannot be used, nothing kept: {exc}") from None
+    try:
+        client.workers()
+    except redis.exceptions.RedisError as exc:
+        raise click.ClickException(
+            f"cannot connect as {accesses.describe(access)}, nothing kept: {exc}"
+        ) from None
+    finally:
+        client.close()

@@ -3,24 +3,28 @@ and turning errors into one line and an exit code."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
 import redis.exceptions
+from pydantic import BaseModel
 
 from .. import __version__
 from .. import access as accesses
 from ..client import Client
-from ..errors import GpulayerError, RedisUnavailable
+from ..errors import GpulayerError, InvalidJobSpec
 from ..models import AccessRole, JobRecord, JobState
 from ..network import redact
+from ..redis_failures import redis_failure
 from ..settings import Settings
 from ..units import parse_duration
+from .flags import said_in_flags
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: Where a command keeps the (redacted) Redis URL it uses, for its error messages.
@@ -57,13 +61,13 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except InvalidJobSpec as exc:
+            raise CommandError(said_in_flags(exc) or str(exc), exc.exit_code) from None
         except GpulayerError as exc:
             raise CommandError(str(exc), exc.exit_code) from None
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            url = ctx.meta.get(URL_KEY, "the configured URL")
-            raise CommandError(f"cannot reach Redis at {url}: {exc}", RedisUnavailable.exit_code) from None
         except redis.exceptions.RedisError as exc:
-            raise CommandError(f"Redis refused the request: {exc}", GpulayerError.exit_code) from None
+            error = redis_failure(exc, ctx.meta.get(URL_KEY, "the configured URL"))
+            raise CommandError(str(error), error.exit_code) from None
 
 
 def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -97,11 +101,13 @@ def requirement_options(command: F) -> F:
     options = [
         click.option(
             "--accelerator",
-            type=click.Choice(["cpu", "cuda", "mps", "any"]),
+            type=click.Choice(["cpu", "cuda", "rocm", "mps", "any"]),
             help="The kind of device (default: cpu, or any when --gpus is given).",
         ),
         click.option(
-            "--gpus", type=click.IntRange(0, 64), help="GPUs the job needs (default 1 for cuda and mps)."
+            "--gpus",
+            type=click.IntRange(0, 64),
+            help="GPUs the job needs (default 1 for cuda, rocm and mps).",
         ),
         click.option(
             "--gpu-memory", metavar="SIZE", help="Memory each GPU must have, at least (24GB, 40GiB)."
@@ -121,6 +127,11 @@ def requirement_options(command: F) -> F:
         ),
         click.option("--memory", metavar="SIZE", help="Memory of the worker it holds while it runs (8GB)."),
         label_option("Worker label it needs, exactly; repeatable."),
+        click.option(
+            "--target",
+            type=click.Choice(["local", "remote", "any"]),
+            help="Where it may run: a worker on this machine (local), on another (remote), or any (default).",
+        ),
     ]
     for option in reversed(options):
         command = option(command)
@@ -143,6 +154,20 @@ def open_client(redis_url: str | None, roles: tuple[AccessRole, ...] = accesses.
     access = accesses.resolve(settings.redis_url, settings.home, roles)
     click.get_current_context().meta[URL_KEY] = redact(access.redis_url)
     return Client(settings=settings, access=access)
+
+
+def echo_json(models: Sequence[BaseModel]) -> None:
+    """``models`` as one JSON array, as every listing's ``--json`` prints it."""
+    click.echo(json.dumps([model.model_dump(mode="json") for model in models], indent=2))
+
+
+def listed(models: Sequence[BaseModel], as_json: bool, none: str) -> bool:
+    """Whether a listing is printed already: as JSON (``--json``), or as ``none`` where it is empty."""
+    if as_json:
+        echo_json(models)
+    elif not models:
+        click.echo(none)
+    return as_json or not models
 
 
 def job_exit_code(record: JobRecord) -> int:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -13,14 +15,15 @@ from typing import Any, NoReturn
 
 import click
 
-from ..client import Job
-from ..errors import GpulayerError, WaitTimeout
+from ..errors import GpulayerError, Unschedulable, WaitTimeout
+from ..job import WORKER_JOIN_GRACE, Job
 from ..models import JobRecord, JobState, JobUsage, LogLine
 from ..options import SubmitOptions
 from ..units import format_size
 from . import terminal
 from .app import (
     EXIT_INTERRUPTED,
+    CommandError,
     duration,
     job_exit_code,
     open_client,
@@ -34,6 +37,14 @@ from .placement import print_plan
 _CANCEL_WAIT = 10.0
 #: How long `submit --wait` lets a job sit in the queue before it says why it waits.
 QUEUED_HINT_AFTER = 3.0
+#: How often `submit --wait-for-capacity` looks at its job (s).
+_CAPACITY_POLL = 0.1
+CAPACITY_HELP = (
+    "Wait even when no connected worker could ever run the job, for a machine that joins (one the "
+    "autoscaler starts, docs/capacity.md, or one started by hand), saying what the autoscaler decides "
+    "meanwhile; exit 1, the job left queued, if it says no provider offers a machine that could run it. "
+    "Without --wait: return once the job has started."
+)
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
@@ -61,6 +72,7 @@ QUEUED_HINT_AFTER = 3.0
     default=Path("."),
     help="With --wait: the folder its outputs are unpacked into (default: this one).",
 )
+@click.option("--wait-for-capacity", is_flag=True, help=CAPACITY_HELP)
 @redis_url_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def submit(
@@ -69,6 +81,7 @@ def submit(
     gpus_per_node: int | None,
     wait: bool,
     dest: Path,
+    wait_for_capacity: bool,
     redis_url: str | None,
     command: tuple[str, ...],
     **given: Any,
@@ -87,11 +100,16 @@ def submit(
         given["gpus"] = gpus_per_node
     # The options and the requirements, each by its field's name: the client tells them apart.
     job = open_client(redis_url).submit(list(command), source=source, inputs=inputs, **given)
-    if not wait:
+    if not wait and not wait_for_capacity:
         click.echo(job.id)
         _warn_if_no_worker_fits(job)
+        _serve_inputs(job)
         return
-    click.echo(f"job {job.id} queued", err=True)
+    click.echo(f"job {job.id} queued" if wait else job.id, err=wait)
+    with _interruptible(job):
+        _until_it_can_start(job, wait_for_capacity)
+    if not wait:
+        return
     with _interruptible(job), job.saying_why_queued(QUEUED_HINT_AFTER, _say):
         _print_lines(job, follow=True)
         record = job.wait()
@@ -101,12 +119,57 @@ def submit(
     sys.exit(job_exit_code(record))
 
 
+def _serve_inputs(job: Job) -> None:
+    """Serve the job's inputs too large for Redis until a worker has pulled them, saying so."""
+    if job.serves_inputs():
+        click.echo(
+            f"serving job {job.id}'s inputs (too large for Redis) until a worker has pulled them: "
+            "keep this running (stopped, the job fails)",
+            err=True,
+        )
+        job.serve_inputs()
+
+
+def _wait_for_capacity(job: Job) -> None:
+    """Until ``job`` leaves its queue: each new decision of the autoscaler's on it, said once; exit 1
+    when no provider offers a machine that could run it (the job stays queued)."""
+    said = None
+    while job.status().state is JobState.QUEUED:
+        decision = job.capacity()
+        if decision is not None and decision.text != said:
+            said = decision.text
+            _say(said)
+            if decision.unmet:
+                raise CommandError(f"job {job.id} stays queued: {said}", 1)
+        time.sleep(_CAPACITY_POLL)
+
+
 def _warn_if_no_worker_fits(job: Job) -> None:
     """A job left queued with no connected worker that could ever run it is said so, not silently."""
     plan = job.why()
     if not plan.schedulable:
         click.echo(f"gpulayer: job {job.id} waits in the queue; it cannot start yet:", err=True)
         print_plan(plan, err=True)
+
+
+def _until_it_can_start(job: Job, wait_for_capacity: bool) -> None:
+    """``wait_for_capacity``: until the job leaves its queue, saying what the autoscaler decides.
+    Else: a wait for a queued job that no connected worker could ever run ends at once, saying why
+    worker by worker (exit 1); with none connected, once a worker starting beside it has had
+    :data:`WORKER_JOIN_GRACE` to register."""
+    if wait_for_capacity:
+        _wait_for_capacity(job)
+        return
+    plan = job.unrunnable(WORKER_JOIN_GRACE)
+    if plan is None:
+        return
+    for line in plan.lines():
+        _say(line)
+    raise CommandError(
+        f"job {job.id} stays queued: no connected worker could ever run it "
+        f"(--wait-for-capacity waits for one that joins; `gpulayer cancel {job.id}` drops it)",
+        Unschedulable.exit_code,
+    )
 
 
 def _say(line: str) -> None:
@@ -166,7 +229,7 @@ def list_jobs(state: str | None, limit: int, as_json: bool, redis_url: str | Non
                 record.worker or "-",
                 record.created_at.astimezone().strftime("%m-%d %H:%M:%S"),
                 _elapsed(record),
-                _one_line(" ".join(record.command))[:60],
+                _one_line(shlex.join(record.command))[:60],
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -192,7 +255,7 @@ def status(job_id: str, as_json: bool, redis_url: str | None) -> None:
     fields = [
         ("id", record.id),
         ("name", record.name),
-        ("command", " ".join(record.command)),
+        ("command", shlex.join(record.command)),
         ("needs", record.spec.requirements.describe()),
         ("python env", record.spec.environment.describe() if record.spec.environment else None),
         ("gang", _gang_text(record)),
@@ -259,11 +322,14 @@ def logs(job_id: str, follow: bool, rank: int | None, redis_url: str | None) -> 
 @click.command()
 @click.argument("job_id")
 @click.option("--timeout", callback=duration, metavar="DURATION", help="Give up after this long (exit 75).")
+@click.option("--wait-for-capacity", is_flag=True, help=CAPACITY_HELP)
 @redis_url_option
-def wait(job_id: str, timeout: float | None, redis_url: str | None) -> None:
-    """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled)."""
+def wait(job_id: str, timeout: float | None, wait_for_capacity: bool, redis_url: str | None) -> None:
+    """Wait for a job to end; exits with its exit code (124 timed out, 130 cancelled). A queued job
+    no connected worker could ever run ends the wait at once, saying why (exit 1)."""
     job = open_client(redis_url).get(job_id)
     with _interruptible(job):
+        _until_it_can_start(job, wait_for_capacity)
         record = job.wait(timeout)
     _report_end(record)
     sys.exit(job_exit_code(record))
@@ -300,6 +366,24 @@ def outputs(job_id: str, dest: Path, redis_url: str | None) -> None:
     """Download what a job declared as outputs."""
     for path in open_client(redis_url).get(job_id).download_outputs(dest):
         click.echo(path)
+
+
+@click.command()
+@click.option(
+    "--older-than",
+    callback=duration,
+    metavar="DURATION",
+    help="End the jobs that ended this long ago or more (default: GPULAYER_RETENTION_SECONDS, 7d).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be freed; delete nothing.")
+@redis_url_option
+def gc(older_than: float | None, dry_run: bool, redis_url: str | None) -> None:
+    """End now what retention would end later: ended jobs, with their logs and outputs. The admin's."""
+    freed = open_client(redis_url, ("admin",)).collect(older_than, dry_run=dry_run)
+    click.echo(
+        f"{'would free' if dry_run else 'freed'} {freed.jobs} job(s), {freed.files} output archive(s), "
+        f"{format_size(freed.bytes)}"
+    )
 
 
 def _print_lines(job: Job, *, follow: bool, rank: int | None = None) -> None:
@@ -340,6 +424,8 @@ def _outputs_text(record: JobRecord) -> str | None:
     if record.outputs is None:
         return None
     text = f"{record.outputs.files} file(s), {record.outputs.bytes} bytes"
+    if record.outputs.held_by:
+        text += f", kept on worker {record.outputs.held_by} (over what Redis holds)"
     if record.outputs.missing:
         text += "; not produced: " + ", ".join(record.outputs.missing)
     return text

@@ -3,11 +3,10 @@ from the field, written once in the model (gpulayer/options.py), never again her
 
 from __future__ import annotations
 
-import types
 import typing
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import annotated_types
 import click
@@ -15,6 +14,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from .app import F, duration, key_values
+from .flags import flag, given, is_duration
 
 
 def model_options(model: type[BaseModel], files: Mapping[str, str] | None = None) -> Callable[[F], F]:
@@ -49,36 +49,31 @@ def _file_option(flag: str, name: str, field: FieldInfo) -> Callable[[F], F]:
     )
 
 
+#: Where a field's name does not say what its value is.
+_METAVARS = {"pip": "SPEC", "profile": "NAME"}
+
+
 def _option(name: str, field: FieldInfo) -> Callable[[F], F]:
-    kind = _given(field.annotation)
-    flag = "--" + name.replace("_", "-")
+    kind = given(field.annotation)
     text = (field.description or "") + _default(field)
+    option = flag(name, field)
     if kind is bool:
-        return click.option(flag, name, is_flag=True, help=text)
+        return click.option(option, name, is_flag=True, help=text)
     if typing.get_origin(kind) is Literal:
-        return click.option(flag, name, type=click.Choice(typing.get_args(kind)), help=text)
+        return click.option(option, name, type=click.Choice(typing.get_args(kind)), help=text)
     if kind is int:
-        return click.option(flag, name, type=click.IntRange(*_bounds(field)), help=text)
-    if kind is float:  # every float option is a span of time: given as 90, 90s, 15m, 2h
-        return click.option(flag, name, callback=duration, metavar="DURATION", help=text)
+        return click.option(option, name, type=click.IntRange(*_bounds(field)), help=text)
+    if is_duration(field):
+        return click.option(option, name, callback=duration, metavar="DURATION", help=text)
     if typing.get_origin(kind) is dict:
         return click.option(
-            flag, name, multiple=True, metavar="NAME=VALUE", callback=key_values, help=text + " Repeatable."
+            option, name, multiple=True, metavar="NAME=VALUE", callback=key_values, help=text + " Repeatable."
         )
     if typing.get_origin(kind) is list:  # --output OUTPUT, once per item
         single = name.removesuffix("s")
-        return click.option(
-            flag.removesuffix("s"), name, multiple=True, metavar=single.upper(), help=text + " Repeatable."
-        )
-    return click.option(flag, name, metavar=name.rpartition("_")[2].upper(), help=text)
-
-
-def _given(annotation: Any) -> Any:
-    """The type an option is given as: ``int | None`` is an ``int`` option that may be left out."""
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        [kind] = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        return kind
-    return annotation
+        metavar = _METAVARS.get(name, single.upper())
+        return click.option(option, name, multiple=True, metavar=metavar, help=text + " Repeatable.")
+    return click.option(option, name, metavar=_METAVARS.get(name, name.rpartition("_")[2].upper()), help=text)
 
 
 def _bounds(field: FieldInfo) -> tuple[int | None, int | None]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import datetime, timezone
 from typing import Any
@@ -13,7 +12,7 @@ from ..inventory import GPU, known
 from ..placement import Plan
 from ..resources import detect
 from ..units import format_size
-from .app import open_client, redis_url_option, requirement_options
+from .app import listed, open_client, redis_url_option, requirement_options
 
 
 @click.command()
@@ -55,11 +54,7 @@ def print_plan(plan: Plan, *, err: bool = False) -> None:
 def workers(as_json: bool, redis_url: str | None) -> None:
     """The connected workers: what each offers and what its jobs hold now."""
     found = open_client(redis_url).workers()
-    if as_json:
-        click.echo(json.dumps([worker.model_dump(mode="json") for worker in found], indent=2))
-        return
-    if not found:
-        click.echo("no workers are connected")
+    if listed(found, as_json, "no workers are connected"):
         return
     now = datetime.now(timezone.utc)
     for worker in found:
@@ -114,7 +109,7 @@ def detect_command(as_json: bool, fake_gpus: str | None) -> None:
         for gpu in found.gpus:
             click.echo(f"  {_gpu_line(gpu)}")
     else:
-        click.echo(f"gpus:       none ({found.nvml})")
+        click.echo(f"gpus:       none ({found.why_no_gpus})")
     frameworks = found.known_frameworks()
     click.echo("frameworks: " + (", ".join(f"{n} {v}" for n, v in frameworks.items()) or "none of note"))
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,6 +16,7 @@ from .. import access as accesses
 from .. import builds, identities, sentinel, tls
 from .. import home as local
 from .. import installation as installations
+from .. import local_processes as processes
 from ..client import Client
 from ..errors import ConfigError, ServerError
 from ..installation import Installation
@@ -34,15 +31,11 @@ from ..service import Service
 from ..settings import Settings
 from .app import duration, invoked_as, redis_url_option
 
-#: How long `up` waits for its worker to register, and for its web server to answer.
-_WORKER_START = 20.0
 #: The port `up` serves the HTTP API on, when it is free.
 WEB_PORT = 8080
 #: The token `up` makes (once) for the dashboard.
 ADMIN_TOKEN = "admin"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-#: What the processes `up` starts must not inherit: they find their own role's access in the home.
-_NOT_INHERITED = ("GPULAYER_REDIS_URL", accesses.TOKEN_VARIABLE)
 
 
 @click.command()
@@ -169,8 +162,8 @@ def down(timeout: float) -> None:
         return
     if state.web_pid and local.alive(state.web_pid):
         os.kill(state.web_pid, signal.SIGTERM)
-        if not _wait_gone(state.web_pid, 10.0):
-            _kill(state.web_pid)
+        if not processes.wait_gone(state.web_pid, 10.0):
+            processes.kill(state.web_pid)
         click.echo("web server stopped")
     if state.worker_pid and local.alive(state.worker_pid):
         _stop_worker(state.worker_pid, timeout)
@@ -179,8 +172,8 @@ def down(timeout: float) -> None:
         admin = accesses.load(settings.home, "admin")
         if admin is not None:
             shutdown_redis(admin.redis_url, admin.ca)
-        if not _wait_gone(state.redis_pid, 10.0):
-            _kill(state.redis_pid)
+        if not processes.wait_gone(state.redis_pid, 10.0):
+            processes.kill(state.redis_pid)
         click.echo("embedded Redis stopped (data kept)")
     state.worker_pid = state.redis_pid = state.web_pid = None
     local.save(settings.home, state)
@@ -294,61 +287,35 @@ def _same_server(one: str, other: str) -> bool:
     return (a.hostname, a.port or 6379, a.path or "/0") == (b.hostname, b.port or 6379, b.path or "/0")
 
 
-def _child_env(home: Path) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in _NOT_INHERITED}
-    env["GPULAYER_HOME"] = str(home)
-    return env
-
-
 def _start_worker(home: Path, installation: Installation, name: str, state: local.LocalState) -> int:
     """The local worker ``name``, offering what ``state`` says, as the worker role (its access is in
     the home; nothing secret on its command line or in its environment)."""
-    command = [sys.executable, "-m", "gpulayer", "worker", "start", "--name", name]
+    args = ["worker", "start", "--name", name]
     if state.slots:
-        command += ["--slots", str(state.slots)]
+        args += ["--slots", str(state.slots)]
     if state.gpus:
-        command += ["--gpus", state.gpus]
+        args += ["--gpus", state.gpus]
     if state.run_as:
-        command += ["--run-as", state.run_as]
+        args += ["--run-as", state.run_as]
     log = home / "logs" / "worker.log"
-    with os.fdopen(local.open_log(log), "ab") as log_file:
-        process = subprocess.Popen(
-            command,
-            env=_child_env(home),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    process = processes.start(args, home, log)
     client = Client(access=installation.access("admin"))
-    deadline = time.monotonic() + _WORKER_START
-    while not any(worker.name == name and worker.pid == process.pid for worker in client.workers()):
-        if process.poll() is not None or time.monotonic() > deadline:
-            _kill(process.pid)
-            raise ServerError(f"the local worker did not start; see {log}")
-        time.sleep(0.05)
-    client.close()
+
+    def registered() -> bool:
+        return any(worker.name == name and worker.pid == process.pid for worker in client.workers())
+
+    try:
+        processes.wait_ready(process, registered, f"the local worker did not start; see {log}")
+    finally:
+        client.close()
     return process.pid
 
 
 def _start_web(home: Path, port: int) -> int:
     """`gpulayer server` on 127.0.0.1:``port`` in the background (as the web role), once it answers."""
     log = home / "logs" / "web.log"
-    with os.fdopen(local.open_log(log), "ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "gpulayer", "server", "--port", str(port)],
-            env=_child_env(home),
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + _WORKER_START
-    while not _answers(port):
-        if process.poll() is not None or time.monotonic() > deadline:
-            _kill(process.pid)
-            raise ServerError(f"the web server did not start; see {log}")
-        time.sleep(0.05)
+    process = processes.start(["server", "--port", str(port)], home, log)
+    processes.wait_ready(process, lambda: _answers(port), f"the web server did not start; see {log}")
     return process.pid
 
 
@@ -376,28 +343,13 @@ def _admin_token(installation: Installation) -> str | None:
 
 
 def _stop_worker(pid: int, timeout: float) -> None:
-    os.kill(pid, signal.SIGTERM)
-    if _wait_gone(pid, timeout):
-        return
-    click.echo(f"jobs still running after {timeout:g} s: stopping them and putting them back in their queues")
-    os.kill(pid, signal.SIGTERM)
-    if not _wait_gone(pid, 15.0):
-        _kill(pid)
-
-
-def _wait_gone(pid: int, timeout: float) -> bool:
-    """Whether ``pid`` ended within ``timeout`` (a zombie counts as ended: init reaps it when it will)."""
-    deadline = time.monotonic() + timeout
-    while local.alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    processes.stop(
+        pid,
+        timeout,
+        lambda: click.echo(
+            f"jobs still running after {timeout:g} s: stopping them and putting them back in their queues"
+        ),
+    )
 
 
 def join_host(state: local.LocalState) -> str | None:

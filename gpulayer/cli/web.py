@@ -4,7 +4,6 @@ create`, `list`, `revoke`)."""
 from __future__ import annotations
 
 import ipaddress
-import json
 import ssl
 import webbrowser
 from pathlib import Path
@@ -17,7 +16,8 @@ from .. import home as local
 from ..models import AccessRole, Role
 from ..service import Service
 from ..settings import Settings
-from .app import duration, open_client, redis_url_option
+from .app import duration, echo_json, open_client, redis_url_option
+from .capacity import start_in_background
 
 #: The roles that may reach API tokens in Redis.
 _TOKEN_ROLES: tuple[AccessRole, ...] = ("admin", "web")
@@ -68,6 +68,9 @@ def server(
     from ..web.serve import serve
 
     client = open_client(redis_url, ("web", "admin"))
+    # Where the admin's home holds a capacity configuration (docs/capacity.md), the server runs the
+    # autoscaler too; its providers' credentials stay in this process.
+    start_in_background(Settings.from_env().home)
     scheme = "https" if tls is not None else "http"
     where = f"[{host}]" if ":" in host else host
     proxied = ", behind a proxy" if behind_proxy else ""
@@ -155,7 +158,7 @@ def list_tokens(as_json: bool, redis_url: str | None) -> None:
     """The tokens that still work: name, role, created, expires."""
     found = _service(redis_url).tokens()
     if as_json:
-        click.echo(json.dumps([info.model_dump(mode="json") for info in found], indent=2))
+        echo_json(found)
         return
     for info in found:
         created = info.created_at.isoformat(timespec="seconds")

@@ -14,6 +14,7 @@ import click
 from .. import access as accesses
 from .. import home as local
 from ..inventory import Offer
+from ..machines import this_machine
 from ..network import redact
 from ..resources import detect
 from ..settings import CONTAINMENT_MODES, Settings
@@ -137,6 +138,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
             gpus=found.gpus,
             labels=options["labels"],
             frameworks=found.frameworks,
+            machine=this_machine(),
         ),
         workdir=options["workdir"],
         run_as=run_as,
@@ -149,7 +151,7 @@ def run_worker(redis_url: str | None, options: dict[str, Any], access: accesses.
         worker.address,
         worker.offer.slots,
         format_size(worker.offer.memory),
-        gpus or f"none ({found.nvml})",
+        gpus or f"none ({found.why_no_gpus})",
     )
     if worker.offer.containment and worker.offer.containment.startswith("none"):
         log.warning("containment: %s", worker.offer.containment)

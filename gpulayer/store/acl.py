@@ -98,6 +98,8 @@ def rules(keys: Keys, role: AccessRole, redis_major: int = 7) -> list[str]:
     """The ACL rules of ``role``'s user, after its password (see :func:`user_rules`)."""
     if role == "admin":
         return ["allkeys", "allchannels", "+@all"]
+    if role == "capacity":
+        return _capacity_rules(keys, redis_major)
     patterns = [f"~{keys.prefix}:*"]
     channels = [f"&{keys.prefix}:*"]
     if role == "web":
@@ -109,6 +111,20 @@ def rules(keys: Keys, role: AccessRole, redis_major: int = 7) -> list[str]:
     if role != "viewer":
         commands.extend(_FUNCTIONS if redis_major >= 7 else _SCRIPTS)
     return ["resetkeys", "resetchannels", *patterns, *channels, "-@all", *commands]
+
+
+def _capacity_rules(keys: Keys, redis_major: int) -> list[str]:
+    """The autoscaler's: it reads what placement needs (queues, gang jobs, workers) and writes its own
+    keys only (:attr:`Keys.capacity`), hearing of submits on the installation's channels; it publishes
+    nothing and calls no script. Redis 6.2 has no read-only key patterns: there it reaches every key
+    of the installation (docs/security.md)."""
+    own = [f"%R~{keys.prefix}:*", f"~{keys.capacity}*"]
+    patterns = own if redis_major >= 7 else [f"~{keys.prefix}:*"]
+    commands = ["+@read", "+@write", "+@transaction", "+subscribe", "+unsubscribe", *_ALWAYS]
+    commands += ["-@dangerous", "+info", *_NEVER, "-publish"]
+    if redis_major >= 7:
+        commands += ["-sort_ro", "-fcall", "-fcall_ro", "-function"]
+    return ["resetkeys", "resetchannels", *patterns, f"&{keys.prefix}:*", "-@all", *commands]
 
 
 def _registry(keys: Keys, role: AccessRole, redis_major: int) -> list[str]:

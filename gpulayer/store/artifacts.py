@@ -11,6 +11,7 @@ or an object store would implement the same methods and keep its files alive the
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -50,6 +51,21 @@ Sealer = Callable[[str], str]
 Sealed = tuple[str, str | None]
 
 
+@dataclasses.dataclass(frozen=True)
+class HeldArchive:
+    """An archive kept out of Redis, as Redis records it: who serves it (the name it serves under:
+    outputs' worker, inputs' submitter; "" when in an object store), its size and SHA-256, its seal
+    (None: unsealed), how much its files hold unpacked (0: not recorded), and, in an object store,
+    the presigned URL it is read from."""
+
+    worker: str
+    size: int
+    sha256: str
+    seal: str | None
+    unpacked: int = 0
+    url: str | None = None
+
+
 class ArtifactStore(Protocol):
     def put_inputs(
         self, job_id: str, upload: str, name: str, stream: IO[bytes], pipe: Pipeline | None = None
@@ -68,6 +84,18 @@ class ArtifactStore(Protocol):
         pipe: Pipeline | None = None,
         seal: Sealer | None = None,
     ) -> str: ...
+
+    def hold_outputs(self, job_id: str, attempt: int, name: str, held: HeldArchive) -> None: ...
+
+    def held_outputs(self, job_id: str, name: str) -> HeldArchive | None: ...
+
+    def hold_inputs(self, job_id: str, upload: str, name: str, held: HeldArchive) -> None: ...
+
+    def held_inputs(self, job_id: str, name: str) -> HeldArchive | None: ...
+
+    def plan_outputs(self, job_id: str, upload: str, put: str, get: str) -> None: ...
+
+    def outputs_urls(self, job_id: str) -> tuple[str, str] | None: ...
 
     def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str: ...
 
@@ -119,6 +147,70 @@ class RedisArtifactStore:
         """Stage one attempt's output; with ``pipe``, only queued on it (to go with the finish).
         ``seal``: the worker's signature over it, kept with it (a function's result is signed inside)."""
         return self._put(self._keys.staged_outputs(job_id, attempt), name, stream, PENDING_TTL, pipe, seal)
+
+    def hold_outputs(self, job_id: str, attempt: int, name: str, held: HeldArchive) -> None:
+        """Stage one attempt's record of an output archive its worker keeps (no chunks): it becomes
+        the job's, and expires with it, as :meth:`put_outputs`'s files do."""
+        self._hold(self._keys.staged_outputs(job_id, attempt), name, held)
+
+    def held_outputs(self, job_id: str, name: str) -> HeldArchive | None:
+        """The job's record of output archive ``name`` if its worker keeps it (None: not stored, or
+        stored here); :class:`CorruptArtifact` if the record cannot be read."""
+        return self._held(self._keys.outputs(job_id), name)
+
+    def hold_inputs(self, job_id: str, upload: str, name: str, held: HeldArchive) -> None:
+        """Stage the record of an input archive its submitter serves (no chunks), under the submit's
+        ``upload`` token: the submit makes it the job's, as :meth:`put_inputs`'s files."""
+        self._hold(self._keys.staged_inputs(job_id, upload), name, held)
+
+    def held_inputs(self, job_id: str, name: str) -> HeldArchive | None:
+        """The job's record of input archive ``name`` if its submitter serves it (None: not stored,
+        or stored here); :class:`CorruptArtifact` if the record cannot be read."""
+        return self._held(self._keys.inputs(job_id), name)
+
+    def plan_outputs(self, job_id: str, upload: str, put: str, get: str) -> None:
+        """Stage, with the submit's inputs (``upload``), the presigned URLs the job's outputs archive
+        is put to and read from in the object store: its worker reads them before the job ends."""
+        pipe = self._redis.pipeline(transaction=False)
+        key = self._keys.staged_inputs(job_id, upload)
+        pipe.hset(key, OUTPUTS_ARCHIVE, json.dumps({"put": put, "get": get}))
+        pipe.expire(key, PENDING_TTL)
+        pipe.execute()
+
+    def outputs_urls(self, job_id: str) -> tuple[str, str] | None:
+        """Where the job's outputs archive goes in the object store, and is read from (None: no store)."""
+        raw = self._redis.hget(self._keys.inputs(job_id), OUTPUTS_ARCHIVE)
+        try:
+            urls = json.loads(raw) if raw is not None else None
+            return (str(urls["put"]), str(urls["get"])) if urls is not None else None
+        except (ValueError, TypeError, KeyError):
+            raise CorruptArtifact(f"{OUTPUTS_ARCHIVE}: its URLs cannot be read") from None
+
+    def _hold(self, key: str, name: str, held: HeldArchive) -> None:
+        meta = {"size": held.size, "chunks": 0, "sha256": held.sha256, "seal": held.seal, "held": held.worker}
+        meta["unpacked"] = held.unpacked
+        if held.url is not None:
+            meta["url"] = held.url
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(key, name, json.dumps(meta))
+        pipe.expire(key, PENDING_TTL)
+        pipe.execute()
+
+    def _held(self, key: str, name: str) -> HeldArchive | None:
+        raw = self._redis.hget(key, name)
+        if raw is None:
+            return None
+        try:
+            meta = json.loads(raw)
+            if "held" not in meta:
+                return None
+            seal, url = meta.get("seal"), meta.get("url")
+            seal = seal if isinstance(seal, str) else None
+            url = url if isinstance(url, str) else None
+            unpacked = int(meta.get("unpacked", 0))
+            return HeldArchive(str(meta["held"]), int(meta["size"]), str(meta["sha256"]), seal, unpacked, url)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            raise CorruptArtifact(f"{name}: its record cannot be read") from None
 
     def put_checkpoint(self, job_id: str, attempt: int, stream: IO[bytes], seal: Sealer) -> str:
         """Stage an attempt's checkpoint archive (``keep_checkpoint.lua`` makes it the job's), sealed."""
@@ -199,6 +291,8 @@ class RedisArtifactStore:
         if raw is None:
             raise MissingArtifact(name)
         meta = json.loads(raw)
+        if "held" in meta:
+            raise MissingArtifact(f"{name} is kept out of Redis ({meta['held'] or 'an object store'})")
         digest = hashlib.sha256()
         size = 0
         for start in range(0, meta["chunks"], _BATCH):

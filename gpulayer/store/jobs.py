@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import secrets
@@ -30,11 +31,13 @@ from ..models import (
 from ..settings import Settings
 from ..signing import Keyring, seal_job, seal_jobs
 from .keys import Keys
-from .rq_jobs import description, parse_timestamp, rq_fields, timestamp
+from .rq_jobs import description, format_timestamp, parse_timestamp, rq_fields, timestamp
 from .scripts import Scripts
 
 #: Ended ids taken off a batch's list per round trip.
 _DRAIN = 1000
+#: Job ids gc.lua looks at per call.
+_COLLECT = 500
 #: Done streams one XREAD reads (of jobs being waited on together).
 _SWEEP = 500
 _REASON_CODE: TypeAdapter[ReasonCode] = TypeAdapter(ReasonCode)
@@ -66,6 +69,16 @@ def under_new_ids(count: int, submit: Callable[[dict[int, str]], Mapping[int, st
         answers = submit({index: new_job_id() for index in range(count) if index not in made})
         made.update((index, job_id) for index, job_id in answers.items() if job_id is not None)
     return [made[index] for index in range(count)]
+
+
+@dataclasses.dataclass
+class Collected:
+    """What :meth:`JobStore.collect` freed (or would free): ended jobs, their output archives, and
+    the bytes Redis held for them."""
+
+    jobs: int = 0
+    files: int = 0
+    bytes: int = 0
 
 
 class JobStore:
@@ -251,6 +264,13 @@ class JobStore:
             pipe.xread(dict.fromkeys(chunk, "0-0"), count=1, block=block_ms)
         return done
 
+    def exist(self, job_ids: list[str]) -> list[bool]:
+        """Whether each job is still stored (not past its retention), in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.exists(self._keys.job(job_id))
+        return [bool(found) for found in pipe.execute()] if job_ids else []
+
     def get(self, job_id: str) -> JobRecord | None:
         """The job, if it exists."""
         return self._found(job_id, cast(dict[bytes, bytes], self._redis.hgetall(self._keys.job(job_id))))
@@ -310,6 +330,27 @@ class JobStore:
         for state in JobState:
             pipe.zcard(self._keys.jobs_in(state.value))
         return dict(zip(JobState, pipe.execute(), strict=True))
+
+    def collect(self, older_than: float, dry_run: bool = False) -> Collected:
+        """End now what retention would end later, for every job that ended ``older_than`` seconds
+        ago or earlier (by Redis's clock): its record, logs, outputs and place in the indexes
+        (gc.lua). ``dry_run``: count what would go, deleting nothing."""
+        seconds, micros = self._redis.time()
+        before = seconds + micros / 1_000_000 - older_than
+        cutoff = format_timestamp(datetime.fromtimestamp(before, tz=timezone.utc))
+        freed = Collected()
+        for state in (state for state in JobState if state.is_terminal):
+            index, start = self._keys.jobs_in(state.value), 0
+            # Scored by creation: a job that ended by then was created by then.
+            while ids := self._redis.zrangebyscore(index, 0, int(before * 1_000_000), start, _COLLECT):
+                jobs, files, size = self._scripts.run("gc", [], [cutoff, int(dry_run), *ids])
+                freed.jobs, freed.files, freed.bytes = (
+                    freed.jobs + jobs,
+                    freed.files + files,
+                    freed.bytes + size,
+                )
+                start += len(ids) if dry_run else len(ids) - jobs  # those it deleted left the index
+        return freed
 
     def list(self, state: JobState | None = None, limit: int = 100, offset: int = 0) -> list[JobRecord]:
         """The newest ``limit`` jobs after the first ``offset``, in one state or all. Ids of expired

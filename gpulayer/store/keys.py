@@ -58,6 +58,17 @@ class Keys:
         #: signatures on results and archives are accepted. Apart from the rest, so the admin alone
         #: writes it (on Redis 7 every other role may only read it).
         self.identities = f"{prefix}#identities"
+        #: Where the autoscaler keeps what it started and decided (docs/capacity.md): apart, so its
+        #: role writes these keys and reads the rest.
+        self.capacity = f"{prefix}:capacity:"
+        #: Hash of machine name → each machine the autoscaler started (JSON), stopped ones for a day.
+        self.capacity_machines = f"{self.capacity}machines"
+        #: Hash of a queue's name, or ``gang:<job id>`` → the autoscaler's last decision about its jobs
+        #: (JSON): what `gpulayer why` shows.
+        self.capacity_decisions = f"{self.capacity}decisions"
+        #: The id of the autoscaler that acts now (with a TTL it renews): one at a time, so a restart,
+        #: or a second one started by mistake, starts no duplicates.
+        self.capacity_leader = f"{self.capacity}leader"
         #: Hash of API token names → the SHA-256 of each token (its record's key).
         self.tokens = f"{self.auth}tokens"
         #: Channel a token's name is published on when it is revoked (open websockets close).
@@ -96,7 +107,9 @@ class Keys:
             "logs": f"{prefix}:logs:{{}}",
             # Stream with one entry, added when the job ends; waiters block on it.
             "done": f"{prefix}:done:{{}}",
-            # Hash of a job's source and input archives, in chunks.
+            # Hash of a job's source and input archives, in chunks (or, for inputs too large for Redis,
+            # their record: who serves them, or their object store URL); with a store, the URLs the
+            # job's outputs archive goes to and is read from.
             "inputs": f"{prefix}:files:{{}}:in",
             # Hash of a job's output archive (or a function's result), in chunks.
             "outputs": f"{prefix}:files:{{}}:out",
@@ -119,6 +132,17 @@ class Keys:
             # Stream of a worker's telemetry samples (CPU, memory, each GPU's use), capped at an hour's
             # worth and gone an hour after its last, by worker name.
             "telemetry": f"{prefix}:telemetry:{{}}",
+            # Stream of the requests for outputs a worker holds (an id, a job, an offset, the asking
+            # client's key), by worker name; capped, and gone a day after the last.
+            "transfers": f"{prefix}:worker:{{}}:transfers",
+            # When a worker last said it serves the outputs it holds (ISO time), kept a retention
+            # period: how a client tells a worker gone, and since when; by worker name.
+            "serving": f"{prefix}:worker:{{}}:serving",
+            # List of one transfer's messages, sender to receiver (a signed hello, then chunks sealed
+            # to the receiver; never more than a window of them), by transfer id (random, the asker's).
+            "transfer": f"{prefix}:transfer:{{}}",
+            # List of the receiver's acks of one transfer (how many chunks it has written), by id.
+            "transfer_acks": f"{prefix}:transfer:{{}}:acks",
             # Set of the ids of jobs a worker has taken and not ended, by worker name.
             "worker_jobs": f"{prefix}:worker:{{}}:jobs",
             # Hash of what a worker's running jobs hold (cpus, memory), by worker name.
@@ -189,6 +213,18 @@ class Keys:
     def staged_outputs(self, job_id: str, attempt: int) -> str:
         """An attempt's outputs while uploading; renamed to :meth:`outputs` if it still owns the job."""
         return f"{self.outputs(job_id)}:{attempt}"
+
+    def transfers(self, worker: str) -> str:
+        return self._key("transfers", worker)
+
+    def serving(self, worker: str) -> str:
+        return self._key("serving", worker)
+
+    def transfer(self, transfer_id: str) -> str:
+        return self._key("transfer", transfer_id)
+
+    def transfer_acks(self, transfer_id: str) -> str:
+        return self._key("transfer_acks", transfer_id)
 
     def worker_jobs(self, worker: str) -> str:
         return self._key("worker_jobs", worker)

@@ -61,13 +61,16 @@ class IdentityRegistry:
         :meth:`Identities.worker_key`."""
         return self.identities.worker_key(name, stored)
 
-    def check_archive(self, record: JobRecord, name: str, sha256: str, seal: str | None) -> None:
-        """Nothing if the archive ``name`` of the job (its SHA-256, its seal) was signed by the worker
-        identity that claimed the attempt its seal names, valid now; else :class:`UntrustedPayload`."""
+    def check_archive(self, record: JobRecord, name: str, sha256: str, seal: str | None) -> WorkerKey:
+        """The key of the worker identity that claimed the attempt the seal of the job's archive
+        ``name`` names, if that identity, valid now, signed it (its SHA-256); else
+        :class:`UntrustedPayload`."""
         found = ArchiveSeal.read(seal, name)
         if found.identity != record.claimer(found.attempt):
             raise found.refused(name)
-        found.check(self.worker_key(found.identity, self.record(found.identity)), record.id, name, sha256)
+        key = self.worker_key(found.identity, self.record(found.identity))
+        found.check(key, record.id, name, sha256)
+        return key
 
     # --- the admin's ----------------------------------------------------------------------------
     def publish(self, signed: Mapping[str, str]) -> None:

@@ -55,6 +55,7 @@ _NAMES = (
     "heartbeat",
     "requeue",
     "prune",
+    "gc",
     "reap",
     "gang",
     "keep_checkpoint",

@@ -10,6 +10,7 @@ from redis import Redis
 from ..settings import Settings
 from ..signing import Identities, Keyring
 from .artifacts import RedisArtifactStore
+from .capacity import CapacityStore
 from .execution import ExecutionStore
 from .gangs import GangStore
 from .jobs import JobStore
@@ -20,6 +21,7 @@ from .registry import IdentityRegistry
 from .scripts import Scripts
 from .telemetry import TelemetryStore
 from .tokens import TokenStore
+from .transfers import TransferStore
 from .workers import WorkerStore
 
 
@@ -37,6 +39,8 @@ class Stores:
     telemetry: TelemetryStore
     gangs: GangStore
     registry: IdentityRegistry
+    transfers: TransferStore
+    capacity: CapacityStore
 
     @classmethod
     def open(cls, redis: Redis, settings: Settings, keyring: Keyring | None = None) -> Stores:
@@ -58,6 +62,8 @@ class Stores:
             telemetry=TelemetryStore(redis, keys, settings.telemetry_interval),
             gangs=GangStore(redis, keys, scripts),
             registry=IdentityRegistry(redis, keys, Identities(checker) if checker else None),
+            transfers=TransferStore(redis, keys),
+            capacity=CapacityStore(redis, keys),
         )
 
     def execution(self, worker: str, identity: str = "") -> ExecutionStore:

@@ -27,6 +27,9 @@ from torch.multiprocessing.spawn import ProcessRaisedException, start_processes
 from ..network import free_port
 from .ranks import leave
 
+#: The file the first rank to fail claims, in the ranks' shared folder.
+FIRST = "first.error"
+
 
 def run_ranks(count: int, call: Callable[[], Any], seed: int) -> Any:
     """Run ``call`` in ``count`` local ranks; rank 0's value. Rank ``r`` seeds its generators with
@@ -44,10 +47,20 @@ def run_ranks(count: int, call: Callable[[], Any], seed: int) -> Any:
                 start_method="spawn",
             )
         except ProcessRaisedException as failed:
-            # The rank's own exception, caused by torch's, which holds the rank's traceback.
-            raise _raised(Path(folder), failed.error_index) or failed from failed
+            # The exception of the rank that failed first (torch names whichever it saw end first,
+            # maybe one whose peer's exit broke its collective), caused by torch's, which holds the
+            # rank's traceback.
+            raise _raised(Path(folder), _first(Path(folder), failed.error_index)) or failed from failed
         # Our own file, just written by our own rank 0: not data from elsewhere.
         return torch.load(result, weights_only=False)
+
+
+def _first(folder: Path, otherwise: int) -> int:
+    """The rank that failed first, as it claimed (``otherwise`` where none could)."""
+    try:
+        return int((folder / FIRST).read_text())
+    except (OSError, ValueError):
+        return otherwise
 
 
 def _raised(folder: Path, rank: int) -> BaseException | None:
@@ -79,6 +92,7 @@ def _rank(rank: int, count: int, port: int, seed: int, payload: bytes, folder: s
         value = call()
     except Exception as error:
         _keep(error, Path(folder) / f"rank{rank}.error")
+        _claim_first(Path(folder), rank)
         raise  # torch's wrapper reports it, and ends the other ranks
     if rank == 0:
         torch.save(value, Path(folder) / "rank0.pt")
@@ -88,6 +102,16 @@ def _rank(rank: int, count: int, port: int, seed: int, payload: bytes, folder: s
     # Done, and rank 0's outcome is on disk: skip the interpreter's teardown, which takes seconds
     # with torch loaded and where gloo's threads now and then abort a finished rank.
     os._exit(0)
+
+
+def _claim_first(folder: Path, rank: int) -> None:
+    """Say this rank failed first, unless one already did. A rank whose collective breaks because a
+    peer failed and left does so after that peer's claim: its exit came after the claim."""
+    try:
+        with open(folder / FIRST, "x") as file:
+            file.write(str(rank))
+    except FileExistsError:
+        pass
 
 
 def _keep(error: Exception, path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from werkzeug.datastructures import FileStorage
 
 from ..archive import SPOOL_BYTES
-from ..client import Job
 from ..errors import ArchiveError, JobNotFinished, OutputNotProduced, UntrustedPayload
+from ..job import Job
 from ..models import JobState, Role, plain_name, validation_message
 from ..options import SubmitOptions
 from ..requirements import Requirements
@@ -157,10 +158,13 @@ def _saved(uploads: list[FileStorage], folder: Path) -> list[Path]:
 @api.get("/jobs/<job_id>")
 @requires("viewer")
 def job_detail(job_id: str) -> Response:
-    """The job's record, with each attempt and, while it is queued, why each worker is not running it."""
+    """The job's record, with each attempt and, while it is queued, why each worker is not running it
+    and what the autoscaler last decided for it (null where it decided nothing)."""
     job = client().get(job_id)
     data = job.status().as_json()
-    data["reasons"] = [r.model_dump() for r in job.why().reasons] if data["state"] == "queued" else []
+    plan = job.why() if data["state"] == "queued" else None
+    data["reasons"] = [r.model_dump() for r in plan.reasons] if plan else []
+    data["capacity"] = plan.capacity if plan else None
     return jsonify(data)
 
 
@@ -220,6 +224,19 @@ def outputs(job_id: str) -> Response:
 def workers() -> Response:
     """The connected workers: what each offers and what its jobs hold now."""
     return jsonify(workers=[worker.model_dump(mode="json") for worker in client().workers()])
+
+
+@api.get("/machines")
+@requires("viewer")
+def machines() -> Response:
+    """The machines the autoscaler started, the newest first (those that run, and those that ended in
+    the last day), each with its age (s) and what it has cost so far (null where its price is unknown)."""
+    now = datetime.now(timezone.utc)
+    found = [
+        {**machine.model_dump(mode="json"), "age": machine.age(now), "cost": machine.cost(now)}
+        for machine in client().machines()
+    ]
+    return jsonify(machines=found)
 
 
 @api.get("/telemetry")

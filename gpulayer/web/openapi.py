@@ -13,6 +13,7 @@ from pydantic.json_schema import models_json_schema
 from .. import __version__
 from ..inventory import Telemetry, WorkerInfo
 from ..models import ActivitySample, JobRecord, JobState, LogLine, QueueInfo, TokenInfo
+from ..provisioned import Machine
 from .api import MAX_LIST, SubmitRequest, TokenRequest
 
 openapi = Blueprint("openapi", __name__, url_prefix="/api/v1")
@@ -25,6 +26,7 @@ _MODELS: list[type[BaseModel]] = [
     TokenInfo,
     Telemetry,
     ActivitySample,
+    Machine,
     SubmitRequest,
     TokenRequest,
 ]
@@ -44,6 +46,8 @@ def _object(**properties: Any) -> dict[str, Any]:
 
 _ERROR = _json(_object(error={"type": "string"}), "An error, in one line")
 _NULLABLE_INT = {"anyOf": [{"type": "integer"}, {"type": "null"}]}
+_NULLABLE_NUMBER = {"anyOf": [{"type": "number"}, {"type": "null"}]}
+_NULLABLE_STRING = {"anyOf": [{"type": "string"}, {"type": "null"}]}
 _JOB_ID = {
     "name": "job_id",
     "in": "path",
@@ -145,9 +149,16 @@ def document() -> dict[str, Any]:
         },
         "/api/v1/jobs/{job_id}": {
             "get": _operation(
-                "A job's record, with the placement reasons while it is queued",
+                "A job's record, with the placement reasons and the autoscaler's decision while it is queued",
                 "viewer",
-                _json({"allOf": [_ref(JobRecord), _object(reasons={"type": "array"})]}),
+                _json(
+                    {
+                        "allOf": [
+                            _ref(JobRecord),
+                            _object(reasons={"type": "array"}, capacity=_NULLABLE_STRING),
+                        ]
+                    }
+                ),
                 parameters=[_JOB_ID],
             )
         },
@@ -192,6 +203,25 @@ def document() -> dict[str, Any]:
                 _json(_object(workers={"type": "array", "items": _ref(WorkerInfo)})),
             )
         },
+        "/api/v1/machines": {
+            "get": _operation(
+                "The machines the autoscaler started, with their age (s) and cost so far",
+                "viewer",
+                _json(
+                    _object(
+                        machines={
+                            "type": "array",
+                            "items": {
+                                "allOf": [
+                                    _ref(Machine),
+                                    _object(age={"type": "number"}, cost=_NULLABLE_NUMBER),
+                                ]
+                            },
+                        }
+                    )
+                ),
+            )
+        },
         "/api/v1/telemetry": {
             "get": _operation(
                 "Each connected worker's telemetry samples, oldest first",
@@ -228,7 +258,7 @@ def document() -> dict[str, Any]:
                     _object(
                         name={"type": "string"},
                         role={"type": "string"},
-                        csrf_token={"anyOf": [{"type": "string"}, {"type": "null"}]},
+                        csrf_token=_NULLABLE_STRING,
                     )
                 ),
             )

@@ -27,3 +27,8 @@ class Ending:
     unstarted: bool = False
     #: What the job's processes used, stored with its end.
     usage: JobUsage | None = None
+
+
+def shell_code(returncode: int) -> int:
+    """Exit codes as a shell reports them: 128 + N for a process killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..models import JobSpec
 from .boxes import Box, Containment
+from .devices import devices_shown
 from .env_builds import INTERPRETER
 from .executor_process import pack, unpack
 from .process import JobProcesses, descendants, signal_tree
@@ -42,7 +43,7 @@ class Key:
 
     bundle: str
     capability: str
-    #: The CUDA devices it sees (``CUDA_VISIBLE_DEVICES``); empty for none.
+    #: The GPUs it sees (:func:`devices_shown`, comma-separated); empty for none.
     devices: str
     #: The job's own Python environment's key; empty for the worker's Python.
     environment: str = ""
@@ -51,7 +52,7 @@ class Key:
     def of(cls, spec: JobSpec, base_env: Mapping[str, str]) -> Key:
         """What a warm executor must match to run this job's call."""
         function = spec.function
-        devices = base_env.get("CUDA_VISIBLE_DEVICES", "")
+        devices = ",".join(devices_shown(base_env))
         environment = spec.environment.key(INTERPRETER) if spec.environment else ""
         return cls(function.bundle if function else "", spec.requirements.capability, devices, environment)
 

@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..payloads import dump_result
+from ..payloads import described, dump_result, exception_message
 
 #: Functions unpickled so far, by their pickle; forgotten all at once past this many.
 _FUNCTIONS: dict[bytes, Any] = {}
@@ -79,7 +79,7 @@ def run(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         reply, blob = {"ok": True}, dump_result(_function(pickled)(*args, **kwargs))
     except BaseException as exc:  # whatever the call raised, SystemExit included, is its result
         traceback.print_exc()
-        reply, blob = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, dump_result(report(exc))
+        reply, blob = {"ok": False, "error": described(exc)}, dump_result(report(exc))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -151,7 +151,7 @@ def report(exc: BaseException) -> dict[str, Any]:
     kind = type(exc)
     return {
         "type": f"{kind.__module__}.{kind.__qualname__}",
-        "message": str(exc),
+        "message": exception_message(exc),
         "traceback": traceback.format_exc(),
         "exception": pickled,
     }

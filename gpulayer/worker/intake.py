@@ -4,6 +4,7 @@ signed asks, then given its runner; or failed, unrun."""
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ..store.execution import Claim, ExecutionStore
 from ..store.jobs import parse_spec
 from ..store.keys import Keys
 from .calling import CallLaunch
+from .devices import visible_devices
 from .launches import CommandLaunch, Launch
 from .parts import PartLaunch
 from .runner import Context, JobRunner
@@ -65,9 +67,9 @@ class JobIntake:
             log.error("job %s: %s", job.job_id, reason)
             return None
         folder = self._workdir / f"{job.job_id}-{job.attempt}{JOB_FOLDER_SUFFIX}"
-        env = {**self._base_env, **self._gpu_env(job)}
+        env = {**self._base_env, **visible_devices(self._offer.gpus, job.gpus)}
         if log.isEnabledFor(logging.INFO):  # a busy worker logs at WARNING: spare the join
-            log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, " ".join(spec.command))
+            log.info("job %s: attempt %d started: %s", job.job_id, job.attempt, shlex.join(spec.command))
         return JobRunner(job, spec, files, self._launch(job, spec), self._context, folder, env)
 
     def _launch(self, job: Claim, spec: JobSpec) -> Launch:
@@ -75,12 +77,6 @@ class JobIntake:
             assert spec.distributed is not None, "only a gang job has parts"
             return PartLaunch(job.part, spec.distributed, self._name, self._address)
         return CallLaunch() if spec.function is not None else CommandLaunch()
-
-    def _gpu_env(self, job: Claim) -> dict[str, str]:
-        """The job sees exactly its reserved GPUs, numbered as nvidia-smi does; no GPU, no CUDA device."""
-        kinds = {gpu.index: gpu.kind for gpu in self._offer.gpus}
-        cuda = [str(index) for index in job.gpus if kinds.get(index) == "cuda"]
-        return {"CUDA_VISIBLE_DEVICES": ",".join(cuda), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def _read_spec(raw: bytes | None) -> JobSpec:

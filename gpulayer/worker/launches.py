@@ -82,9 +82,9 @@ class Followed:
 
     #: The first process's return code; None where an executor replied (it lives on).
     returncode: int | None
-    #: What the job's outputs came to, and why they were too large to keep, if they were.
+    #: What the job's outputs came to, and why they could not be kept, if they could not.
     outputs: OutputSummary | None = None
-    too_large: str | None = None
+    unkept: str | None = None
     #: An executor's reply (its header and payload), if it gave one.
     reply: tuple[dict[str, Any], bytes] | None = None
     #: The first of several processes that failed (its rank, and its exit status).
@@ -115,7 +115,7 @@ class Launch:
 
     def finish(self, job: LaunchContext, started: Started, followed: Followed) -> Ending:
         """How the job ended, once what started has."""
-        return job.outcome(followed.returncode or 0, followed.outputs, followed.too_large)
+        return job.outcome(followed.returncode or 0, followed.outputs, followed.unkept)
 
 
 class CommandLaunch(Launch):

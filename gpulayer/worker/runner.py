@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from redis.client import Pipeline
 
-from ..errors import ArchiveError, UntrustedPayload
+from ..errors import ArchiveError, OutputsUnavailable, UntrustedPayload
 from ..models import (
     ATTEMPT_VARIABLE,
     CHECKPOINT_VARIABLE,
@@ -43,7 +43,8 @@ from . import files, outages
 from .boxes import NO_BOX, Box, Containment, Limits, Usage
 from .checkpoints import PREFIX as CHECKPOINT_PREFIX
 from .checkpoints import CheckpointKeeper
-from .endings import Ending, StopReason
+from .devices import devices_shown
+from .endings import Ending, StopReason, shell_code
 from .env_builds import EnvironmentCache, Failed
 from .executor_pool import Executor, Key
 from .folders import Folders
@@ -94,6 +95,10 @@ class Context:
     limits: Callable[[JobSpec, Claim], Limits]
     #: The Python environments jobs bring, built and kept on this machine.
     environments: EnvironmentCache
+    #: Where outputs too large for Redis are kept, and from what size.
+    held: files.Held
+    #: How inputs too large for Redis are pulled from their submitter.
+    pulls: files.InputPulls
     #: What to claim as a job ends, in the same round trip as its end (None: claim nothing).
     next_claim: Callable[[], ClaimRequest | None] = lambda: None
     #: Where what that claim took goes (the worker starts it in turn).
@@ -178,6 +183,7 @@ class JobRunner:
                     self.workdir,
                     max_bytes=self.context.settings.max_job_bytes,
                     retry=self.through_outage,
+                    pulls=self.context.pulls,
                 )
             if folder:
                 # Unpacked while only the worker could write there; the job's user's from now on.
@@ -185,6 +191,8 @@ class JobRunner:
             ending = self._execute()
         except (ArchiveError, MissingArtifact, CorruptArtifact) as exc:
             ending = Ending(JobState.FAILED, reason=f"cannot unpack the job's files: {exc}")
+        except OutputsUnavailable as exc:
+            ending = Ending(JobState.FAILED, reason=f"cannot fetch the job's inputs: {exc}")
         except UntrustedPayload as exc:
             ending = Ending(JobState.FAILED, reason=f"refused: {exc}; it was not run")
             self.system(ending.reason or "")
@@ -258,7 +266,7 @@ class JobRunner:
             ATTEMPT_VARIABLE: attempt,
         }
         # An idle executor may hold GPU memory this job is about to need (a job with no GPU needs none).
-        devices = set(filter(None, self.base_env.get("CUDA_VISIBLE_DEVICES", "").split(",")))
+        devices = set(devices_shown(self.base_env))
         if devices:
             self.context.functions.executors.evict(devices, Key.of(self.spec, self.base_env))
         call = None
@@ -379,9 +387,9 @@ class JobRunner:
         if self._stop in ("requeue", "stale"):
             self._give_back()
             return None
-        outputs, too_large = self._upload_outputs() if started.outputs else (None, None)
+        outputs, unkept = self._upload_outputs() if started.outputs else (None, None)
         return self._launch.finish(
-            self._view, started, Followed(returncode, outputs, too_large, reply, watch.failed)
+            self._view, started, Followed(returncode, outputs, unkept, reply, watch.failed)
         )
 
     def _upload_outputs(self) -> tuple[OutputSummary | None, str | None]:
@@ -391,7 +399,7 @@ class JobRunner:
             self.spec.outputs,
             self.workdir,
             signer=self.context.signer,
-            max_bytes=self.context.settings.max_job_bytes,
+            held=self.context.held,
             reading=self.processes.reading,
             retry=self.through_outage,
         )
@@ -502,8 +510,8 @@ class JobRunner:
             self.system(f"stopped {strays} process(es) the job left running")
         self.used = self.box.usage()
 
-    def outcome(self, returncode: int, outputs: OutputSummary | None, too_large: str | None) -> Ending:
-        code = _shell_code(returncode)
+    def outcome(self, returncode: int, outputs: OutputSummary | None, unkept: str | None) -> Ending:
+        code = shell_code(returncode)
         if self._stop == "cancel":
             return Ending(JobState.CANCELLED, code, "cancelled", outputs)
         if self._stop == "timeout":
@@ -516,8 +524,8 @@ class JobRunner:
             )
         if returncode != 0:
             return Ending(JobState.FAILED, code, f"exit code {returncode}", outputs)
-        if too_large:
-            return Ending(JobState.FAILED, code, too_large)
+        if unkept:
+            return Ending(JobState.FAILED, code, unkept)
         if outputs and outputs.missing:
             return Ending(
                 JobState.FAILED, code, "output not produced: " + ", ".join(outputs.missing), outputs
@@ -590,8 +598,3 @@ class JobRunner:
         return outages.through_outage(
             call, *args, lease_ttl=self.context.lease_ttl, what=f"job {self.job_id}", **kwargs
         )
-
-
-def _shell_code(returncode: int) -> int:
-    """Exit codes as a shell reports them: 128 + N for a process killed by signal N."""
-    return 128 - returncode if returncode < 0 else returncode

@@ -1,6 +1,6 @@
-"""A worker's telemetry: every few seconds, its machine's CPU, memory and each GPU's use (NVML), kept
-in Redis for an hour and published for the dashboard; and, by one worker per interval, a sample of the
-whole installation (jobs by state, queue depths) for the activity charts."""
+"""A worker's telemetry: every few seconds, its machine's CPU, memory and each GPU's use (NVML, or
+AMD's tools), kept in Redis for an hour and published for the dashboard; and, by one worker per
+interval, a sample of the whole installation (jobs by state, queue depths) for the activity charts."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import psutil
 
+from ..amd import AmdProbe, Reading
 from ..inventory import GPU, GpuSample, Telemetry
 from ..models import ActivitySample
 from ..store.telemetry import TelemetryStore
@@ -22,13 +23,16 @@ log = logging.getLogger("gpulayer.worker")
 
 
 class GpuProbe:
-    """Reads each GPU's use. NVIDIA GPUs through NVML (opened once); a simulated GPU reports 100%
-    while a job holds it; a GPU NVML cannot read (Apple's) reports what it can: its size."""
+    """Reads each GPU's use. NVIDIA GPUs through NVML (opened once), AMD GPUs through AMD's tools
+    (:class:`AmdProbe`); a simulated GPU reports 100% while a job holds it; a GPU neither can read
+    (Apple's) reports what it can: its size."""
 
     def __init__(self, gpus: list[GPU]) -> None:
         self._gpus = gpus
         self._handles: dict[str, Any] = {}
         self._nvml: Any = None
+        real_amd = [gpu for gpu in gpus if gpu.kind == "rocm" and not gpu.simulated]
+        self._amd = AmdProbe(real_amd) if real_amd else None
         if any(gpu.kind == "cuda" and not gpu.simulated for gpu in gpus):
             try:
                 import pynvml
@@ -44,12 +48,18 @@ class GpuProbe:
                 log.warning("telemetry: cannot read GPUs through NVML: %s", exc)
 
     def sample(self, busy: set[int]) -> list[GpuSample]:
-        return [self._one(gpu, gpu.index in busy) for gpu in self._gpus]
+        amd = self._amd.read() if self._amd is not None else {}  # one read for all of them
+        return [self._one(gpu, gpu.index in busy, amd.get(gpu.index)) for gpu in self._gpus]
 
-    def _one(self, gpu: GPU, busy: bool) -> GpuSample:
+    def _one(self, gpu: GPU, busy: bool, amd: Reading | None) -> GpuSample:
         sample = GpuSample(index=gpu.index, uuid=gpu.uuid, memory_total=gpu.memory_total)
         if gpu.simulated:
             sample.utilization, sample.simulated = (100.0 if busy else 0.0), True
+            return sample
+        if gpu.kind == "rocm":
+            if amd is not None:
+                sample.utilization, sample.memory_used = amd.utilization, amd.memory_used
+                sample.temperature = amd.temperature
             return sample
         handle = self._handles.get(gpu.uuid)
         if handle is None:
@@ -66,6 +76,8 @@ class GpuProbe:
     def close(self) -> None:
         if self._nvml is not None:
             self._nvml.nvmlShutdown()
+        if self._amd is not None:
+            self._amd.close()
 
 
 class TelemetryReporter(threading.Thread):

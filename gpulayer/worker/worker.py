@@ -43,7 +43,7 @@ from ..home import private_folder
 from ..inventory import Offer, WorkerInfo
 from ..models import ActivitySample, JobSpec
 from ..settings import Settings
-from ..signing import Keyring, ResultSigner
+from ..signing import Keyring
 from ..store.connection import RECONNECT_AFTER
 from ..store.execution import Claim
 from ..store.stores import Stores
@@ -52,6 +52,7 @@ from .cgroups import contain
 from .claiming import POLL_INTERVAL, ClaimLoop
 from .env_builds import EnvironmentCache
 from .executor_pool import ExecutorPool
+from .files import Held, InputPulls
 from .folders import Folders, remove_folder
 from .functions import CodeBundles, FunctionRuntime
 from .gangs import GangPlacer, gang_hold
@@ -66,6 +67,7 @@ from .process import JobProcesses, become_subreaper, job_environment
 from .queues import ServedQueues
 from .rq_shim import RQWorkerShim
 from .runner import Context, JobRunner
+from .serving import OutputServer
 from .slots import Slots
 from .supervisor import Supervisor
 from .telemetry import TelemetryReporter
@@ -104,7 +106,7 @@ class Worker(RQWorkerShim):
     ) -> None:
         self._stores = stores = Stores.open(connection, settings, keyring)
         self.keys = stores.keys
-        self._signer = _signer(identity, keyring)
+        self._signer, self._checker = keyring.result_signer(identity), keyring.checker()
         self.lease_ttl, self.heartbeat_interval = lease_timing(settings.lease_ttl, settings.heartbeat)
         self.settings, self.display_name = settings, name
         self._containment, self.offer = contain(settings, name, offer)
@@ -126,6 +128,7 @@ class Worker(RQWorkerShim):
         self._listener: Listener | None = None
         self._keeper: LeaseKeeper | None = None
         self._telemetry: TelemetryReporter | None = None
+        self._outputs: OutputServer | None = None
         self.store = stores.execution(name, identity)
         self.address = advertise_addr or redis_route_address(connection)
         self._wake = threading.Event()
@@ -134,7 +137,7 @@ class Worker(RQWorkerShim):
         self._intake = JobIntake(
             self.store,
             self.keys,
-            keyring.checker(),
+            self._checker,
             self._context,
             self.offer,
             name=self.display_name,
@@ -203,6 +206,8 @@ class Worker(RQWorkerShim):
             self._containment,
             self._limits,
             self._environments(area),
+            Held.of(settings, name),
+            InputPulls(self._stores.transfers, self._checker, settings.home / "pulled" / name),
             self._claiming.next_claim,
             self._claiming.took_for_slot,
             GpuMemory.open(self.offer.gpus),
@@ -361,14 +366,17 @@ class Worker(RQWorkerShim):
             self._stores.telemetry, self.display_name, self.offer.gpus, self._busy_gpus, self._activity
         )
         self._telemetry.start()
+        self._outputs = OutputServer(self._stores, self._context.held, self._signer, self.settings)
+        self._outputs.start()
         self._context.supervisor.start()
         self._refresh_queues()
 
     def unsubscribe(self) -> None:
         if self._keeper is not None:
             self._keeper.stop()
-        if self._telemetry is not None:
-            self._telemetry.stop()
+        for thread in (self._telemetry, self._outputs):
+            if thread is not None:
+                thread.stop()
         if self._listener is not None:
             self._listener.stop()
 
@@ -583,15 +591,6 @@ class Worker(RQWorkerShim):
         if self._context.gpu_memory is not None:
             self._context.gpu_memory.close()
         super().teardown()  # type: ignore[no-untyped-call]
-
-
-def _signer(identity: str, keyring: Keyring) -> ResultSigner:
-    if keyring.result_key is None or not identity:
-        raise ConfigError(
-            "this worker's access is no identity's (a token made before each machine had its own): "
-            "get one with `gpulayer access add worker NAME` on the admin's machine"
-        )
-    return ResultSigner(identity, keyring.result_key)
 
 
 def _aside(work: Callable[[], None]) -> None:
