@@ -41,9 +41,10 @@ QUEUED_HINT_AFTER = 3.0
 _CAPACITY_POLL = 0.1
 CAPACITY_HELP = (
     "Wait even when no connected worker could ever run the job, for a machine that joins (one the "
-    "autoscaler starts, docs/capacity.md, or one started by hand), saying what the autoscaler decides "
-    "meanwhile; exit 1, the job left queued, if it says no provider offers a machine that could run it. "
-    "Without --wait: return once the job has started."
+    "autoscaler starts, docs/capacity.md, or one started by hand). Without --wait: until the job has "
+    "started, saying each decision of the autoscaler; exit 1, the job left queued, if it says no "
+    "provider offers a machine that could run it. With --wait: the logs follow once it starts, and why "
+    "it waits (the autoscaler's decision among the reasons) is said as it waits."
 )
 
 
@@ -105,11 +106,15 @@ def submit(
         _warn_if_no_worker_fits(job)
         _serve_inputs(job)
         return
-    click.echo(f"job {job.id} queued" if wait else job.id, err=wait)
-    with _interruptible(job):
-        _until_it_can_start(job, wait_for_capacity)
-    if not wait:
+    if not wait:  # --wait-for-capacity alone: until the job has started
+        click.echo(job.id)
+        with _interruptible(job):
+            _wait_for_capacity(job)
         return
+    click.echo(f"job {job.id} queued", err=True)
+    if not wait_for_capacity:
+        with _interruptible(job):
+            _unless_unrunnable(job)
     with _interruptible(job), job.saying_why_queued(QUEUED_HINT_AFTER, _say):
         _print_lines(job, follow=True)
         record = job.wait()
@@ -152,14 +157,11 @@ def _warn_if_no_worker_fits(job: Job) -> None:
         print_plan(plan, err=True)
 
 
-def _until_it_can_start(job: Job, wait_for_capacity: bool) -> None:
-    """``wait_for_capacity``: until the job leaves its queue, saying what the autoscaler decides.
-    Else: a wait for a queued job that no connected worker could ever run ends at once, saying why
+def _unless_unrunnable(job: Job) -> None:
+    """A wait for a queued job that no connected worker could ever run ends at once, saying why
     worker by worker (exit 1); with none connected, once a worker starting beside it has had
-    :data:`WORKER_JOIN_GRACE` to register."""
-    if wait_for_capacity:
-        _wait_for_capacity(job)
-        return
+    :data:`WORKER_JOIN_GRACE` to register. (With ``--wait-for-capacity`` the wait goes on instead,
+    saying why the job waits as it does, the autoscaler's decision among the reasons.)"""
     plan = job.unrunnable(WORKER_JOIN_GRACE)
     if plan is None:
         return
@@ -329,7 +331,8 @@ def wait(job_id: str, timeout: float | None, wait_for_capacity: bool, redis_url:
     no connected worker could ever run ends the wait at once, saying why (exit 1)."""
     job = open_client(redis_url).get(job_id)
     with _interruptible(job):
-        _until_it_can_start(job, wait_for_capacity)
+        if not wait_for_capacity:
+            _unless_unrunnable(job)
         record = job.wait(timeout)
     _report_end(record)
     sys.exit(job_exit_code(record))
