@@ -132,6 +132,9 @@ class Client:
         has not pulled them yet fails) and closes its connection."""
         for server in self._serving.values():
             server.stop()
+        for server in self._serving.values():
+            # Ended before the connection closes: no word of serving after this, none on a closed socket.
+            server.join(timeout=5)
         try:
             if self._sender is not None:
                 self._sender.close()

@@ -412,7 +412,11 @@ def long_name_bomb(size: int) -> bytes:
 def server_processes(port: int) -> list[psutil.Process]:
     """The `gpulayer server --port PORT` this test started, and its gunicorn worker."""
     for child in psutil.Process().children():
-        if child.cmdline()[-2:] == ["--port", str(port)]:
+        try:
+            command = child.cmdline()
+        except psutil.Error:  # another test's process, ended and not yet reaped
+            continue
+        if command[-2:] == ["--port", str(port)]:
             return [child, *child.children(recursive=True)]
     raise AssertionError(f"no server on port {port} among this test's processes")
 

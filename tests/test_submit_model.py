@@ -88,7 +88,7 @@ def cli_options(command: click.Command) -> dict[str, click.Parameter]:
 def test_the_cli_submit_has_an_option_per_field_and_per_requirement() -> None:
     submit = main.commands["submit"]
     params = cli_options(submit)
-    local = {"source", "inputs", "wait", "dest", "redis_url", "command", "gpus_per_node"}
+    local = {"source", "inputs", "wait", "wait_for_capacity", "dest", "redis_url", "command", "gpus_per_node"}
     # A parameter's name is the keyword it is passed to Client.submit under.
     assert set(params) == OPTIONS | REQUIREMENT_FLAGS | local
     for name in OPTIONS:
