@@ -22,7 +22,7 @@ from types import ModuleType
 
 import redis
 
-from gpulayer import Settings, access, builds
+from gpulayer import Client, Settings, access, builds
 from gpulayer.installation import Installation
 from gpulayer.network import free_port
 from gpulayer.server import start_redis, wait_ready
@@ -100,6 +100,15 @@ def _end_spawned() -> None:
         process.kill()
     for process in running:
         process.wait()
+
+
+def registered(client: Client, count: int, timeout: float = 30) -> None:
+    """Return once ``count`` workers have registered; RuntimeError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while len(client.workers()) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the workers did not register")
+        time.sleep(0.05)
 
 
 def wait_all(processes: Sequence[subprocess.Popen[bytes]], timeout: float = 600) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import uv
-from _common import gpulayer_worker, median, percentile, private_installation, save, spawn, stop
+from _common import gpulayer_worker, median, percentile, private_installation, registered, save, spawn, stop
 
 from gpulayer import Client, Job, JobState, Settings
 
@@ -109,11 +109,7 @@ def main() -> None:
         client = Client(url, settings=Settings(home=home))
         workers = [spawn(gpulayer_worker(url, name, 10), env) for name in ("env-a", "env-b")]
         try:
-            deadline = time.monotonic() + 30
-            while len(client.workers()) < 2:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the workers did not register")
-                time.sleep(0.05)
+            registered(client, 2)
             results = measure(client, wheels, args.warm, args.cold)
         finally:
             for worker in workers:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import gpulayer_worker, median, percentile, private_installation, save, spawn, stop
+from _common import gpulayer_worker, median, percentile, private_installation, registered, save, spawn, stop
 
 from gpulayer import Client, JobState, Settings
 
@@ -104,11 +104,7 @@ def main() -> None:
         env = {"GPULAYER_HOME": str(home)}
         nodes = [spawn(gpulayer_worker(url, name, 2), env) for name in ("node-a", "node-b")]
         try:
-            deadline = time.monotonic() + 30
-            while len(client.workers()) < 2:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the workers did not register")
-                time.sleep(0.05)
+            registered(client, 2)
             for launcher in ("direct", "torchrun"):
                 gpulayer_trial(client, launcher, Path(tempfile.mkdtemp()))  # warm up
                 results[f"gpulayer_{launcher}"] = trials(

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import redis
-from _common import gpulayer_worker, private_installation, private_redis, save, spawn, stop
+from _common import gpulayer_worker, private_installation, private_redis, registered, save, spawn, stop
 
 from gpulayer import Client, Job, JobState, Settings
 from gpulayer.pulls import Pull
@@ -159,8 +159,7 @@ def through_jobs(path: Path, size: int) -> dict[str, object]:
         worker = spawn(gpulayer_worker(url, "bench", 2), env)
         client = Client(url, settings=Settings(home=home))
         try:
-            while not client.workers():
-                time.sleep(0.05)
+            registered(client, 1)
             bare = min(timed_job(client, ["true"]) for _ in range(3))
             watch = MemoryWatch(redis.Redis.from_url(url))
             served = timed_job(client, ["true"], inputs=[path])
